@@ -1,0 +1,41 @@
+"""A static KV cache in which layer l holds exactly the positions where layer l ran.
+
+Under a non-increasing budget the positions a layer ran at form a prefix of the sequence, so one length
+per layer describes the whole cache, and a layer asked to run at a column it has not reached yet is a
+broken schedule: `claim` refuses it instead of attending over a hole.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers, batch, num_kv_heads, max_len, head_dim, device, dtype):
+        # One allocation for the whole generation: [layer, key/value, row, head, column, dim].
+        self.data = torch.empty(num_layers, 2, batch, num_kv_heads, max_len, head_dim, device=device, dtype=dtype)
+        self.lengths = [0] * num_layers
+        self.max_len = max_len
+
+    def claim(self, layer: int, start: int, count: int):
+        """Keys and values of `layer` for writing `count` new columns at `start`."""
+        if self.lengths[layer] != start:
+            raise RuntimeError(
+                f"layer {layer} holds {self.lengths[layer]} positions but is asked to run at column {start}: "
+                "the schedule let a budget grow, which would need recomputation"
+            )
+        if start + count > self.max_len:
+            raise RuntimeError(f"cache of {self.max_len} columns is full")
+        self.lengths[layer] = start + count
+        return self.data[layer, 0], self.data[layer, 1]
+
+    def keep_rows(self, rows: torch.Tensor):
+        """Drop finished rows so they stop costing compute; copies only the columns in use."""
+        used = max(self.lengths)
+        data = self.data.new_empty(self.data.shape[:2] + (len(rows),) + self.data.shape[3:])
+        data[:, :, :, :, :used] = self.data[:, :, rows, :, :used]
+        self.data = data
+
+    @property
+    def batch(self) -> int:
+        return self.data.shape[2]

