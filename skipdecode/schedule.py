@@ -43,14 +43,14 @@ def decay_fraction(decay: str, x: float) -> float:
 
 def _integer(name: str, value, low: int, high: int | None = None) -> int:
     """An integer parameter within [low, high], or a ValueError naming it and its range."""
-    where = f"[{low}, {high}]" if high is not None else f">= {low}"
+    where = f"in [{low}, {high}]" if high is not None else f">= {low}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be an integer in {where}; got {value!r}")
+        raise ValueError(f"{name} must be an integer {where}; got {value!r}")
     if not math.isfinite(value) or value != int(value):
-        raise ValueError(f"{name} must be an integer in {where}; got {value!r}")
+        raise ValueError(f"{name} must be an integer {where}; got {value!r}")
     value = int(value)
     if value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be an integer in {where}; got {value}")
+        raise ValueError(f"{name} must be an integer {where}; got {value}")
     return value
 
 

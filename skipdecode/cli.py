@@ -1,0 +1,181 @@
+"""The `skipdecode` command line: generate, schedule (and the commands other modules register)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .schedule import DECAYS, DEFAULT_WARMUP, MODES, Schedule, for_speedup
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, horizon_default: int | None = None) -> None:
+    group = parser.add_argument_group("schedule (default: full decoding)")
+    group.add_argument("--speedup", type=float, help="target speedup: average budget = layers / speedup (1 = full)")
+    group.add_argument("--max-budget", type=int, help="layers run at the first generated position")
+    group.add_argument("--min-budget", type=int, help="layers run from the horizon on")
+    group.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="bottom layers every position runs")
+    group.add_argument("--horizon", type=int, default=horizon_default,
+                       help="position at which the budget reaches its minimum (default: max new tokens)")
+    group.add_argument("--decay", choices=DECAYS, default="linear")
+    group.add_argument("--mode", choices=MODES, default="skip", help="skip middle layers, or exit early (ablation)")
+
+
+def schedule_from_args(args, num_layers: int, horizon: int) -> Schedule:
+    horizon = args.horizon or horizon
+    explicit = args.max_budget is not None or args.min_budget is not None
+    if explicit and args.speedup is not None:
+        raise ValueError("give either --speedup or --max-budget/--min-budget, not both")
+    if explicit:
+        if args.max_budget is None or args.min_budget is None:
+            raise ValueError("--max-budget and --min-budget go together")
+        return Schedule(num_layers, args.max_budget, args.min_budget, args.warmup, horizon, args.decay, args.mode)
+    if args.speedup is None or args.speedup == 1:
+        return Schedule.full(num_layers)
+    return for_speedup(args.speedup, num_layers, horizon, args.warmup, args.decay, args.mode)
+
+
+def spans(layers) -> str:
+    """(0, 1, 17, 18, 19) -> '0-1,17-19'"""
+    out, layers = [], list(layers)
+    i = 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(str(layers[i]) if i == j else f"{layers[i]}-{layers[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def cmd_generate(args) -> int:
+    from .engine import Engine
+    from .sampling import Sampling
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype)
+    schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens)
+    live = not args.json and len(args.prompt) == 1
+    shown = [""]
+
+    def show(generation):  # stream a single prompt's text as it grows
+        text = generation.texts[0]
+        sys.stdout.write(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
+        sys.stdout.flush()
+        shown[0] = text
+
+    result = engine.generate(args.prompt, schedule, args.max_new_tokens, sampling, chat=not args.no_chat,
+                             on_step=show if live else None)
+    trace = result.trace
+    if args.json:
+        print(json.dumps({
+            "model": engine.name,
+            "num_layers": engine.num_layers,
+            "schedule": schedule.to_dict(),
+            "outputs": [{"prompt": p, "text": t, "token_ids": ids}
+                        for p, t, ids in zip(args.prompt, result.texts, result.token_ids)],
+            "steps": [{"step": s.step, "budget": s.budget, "layers": list(s.layers), "ms": round(s.ms, 3)}
+                      for s in trace.steps],
+            "prefill_ms": round(trace.prefill_ms, 3),
+            "decode_ms": round(trace.decode_ms, 3),
+            "tokens_per_s": round(trace.tokens_per_s, 3),
+        }))
+        return 0
+    if live:
+        print()
+    else:
+        for prompt, text in zip(args.prompt, result.texts):
+            print(f"### {prompt}\n{text}\n")
+    print(f"[{engine.name}: {trace.generated_tokens} tokens, {trace.average_layers:.1f}/{engine.num_layers} layers "
+          f"per position, prefill {trace.prefill_ms:.0f} ms, decode {trace.decode_ms:.0f} ms, "
+          f"{trace.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    schedule = schedule_from_args(args, args.num_layers, args.horizon)
+    steps = args.steps or schedule.horizon + 1
+    rows = [{"step": s, "budget": schedule.budget(s), "layers": list(schedule.layers(s))} for s in range(steps)]
+    if args.json:
+        print(json.dumps({"schedule": schedule.to_dict(), "average_budget": schedule.average_budget(),
+                          "steps": rows}))
+        return 0
+    print(f"{schedule.mode} schedule over {schedule.num_layers} layers: budget {schedule.max_budget} -> "
+          f"{schedule.min_budget} by position {schedule.horizon} ({schedule.decay}), warm-up {schedule.warmup}, "
+          f"average {schedule.average_budget():.2f} layers = {schedule.num_layers / schedule.average_budget():.2f}x")
+    print(f"{'step':>5} {'budget':>6}  {'map':<{schedule.num_layers}}  layers run")
+    for row in rows:
+        run = set(row["layers"])
+        picture = "".join("#" if l in run else "." for l in range(schedule.num_layers))
+        print(f"{row['step']:>5} {row['budget']:>6}  {picture}  {spans(row['layers'])}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="skipdecode", description="SkipDecode: batched, KV-cached skip decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text with a schedule")
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
+    gen.add_argument("--model", default=None, help="model folder or hub id (default: bundled SmolLM2-135M-Instruct)")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    add_schedule_args(gen)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--device", default="auto")
+    gen.add_argument("--dtype", default="auto")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=cmd_generate)
+
+    sch = sub.add_parser("schedule", help="print the budget and layers run at each position")
+    sch.add_argument("--num-layers", type=int, required=True)
+    add_schedule_args(sch, horizon_default=64)
+    sch.add_argument("--steps", type=int, default=None, help="positions to print (default: horizon + 1)")
+    sch.add_argument("--json", action="store_true")
+    sch.set_defaults(func=cmd_schedule)
+    for register in _extra_commands():
+        register(sub)
+    return parser
+
+
+def _extra_commands():
+    """Subcommands that live beside their code (train, eval, bench), registered if present."""
+    import importlib
+
+    for module in ("train", "evaluate", "bench"):
+        try:
+            mod = importlib.import_module(f".{module}", __package__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__package__}.{module}":
+                raise
+            continue
+        yield mod.register
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _quiet_transformers()
+    try:
+        return args.func(args)
+    except ValueError as error:
+        print(f"skipdecode {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _quiet_transformers() -> None:
+    """Loading bars and advice from transformers would interleave with the command's own output."""
+    try:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from skipdecode.engine import Engine
+
+PROMPTS = [
+    "Write a sentence about a coffee shop.",
+    "What is the capital of France?",
+    "name[The Eagle], eatType[coffee shop], food[French], priceRange[moderate], area[riverside], "
+    "kidsFriendly[yes], near[Burger King]. Describe this place in one sentence.",
+]
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The default model (bundled SmolLM2-135M-Instruct), loaded once for the whole session."""
+    return Engine.load()
+
+
+def tiny_model(kind: str, seed: int = 0, layers: int = 4):
+    """A small random model of another architecture, built from a config (no download)."""
+    from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, OPTConfig,
+                              Qwen2Config)
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=320, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    configs = {
+        "opt": OPTConfig(hidden_size=64, num_attention_heads=4, ffn_dim=128, num_hidden_layers=layers,
+                         max_position_embeddings=256, word_embed_proj_dim=64, **common),
+        "gpt2": GPT2Config(n_embd=64, n_head=4, n_layer=layers, n_positions=256, **common),
+        "llama": LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                             num_hidden_layers=layers, max_position_embeddings=256, **common),
+        "qwen2": Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                             num_hidden_layers=layers, max_position_embeddings=256, **common),
+        "mistral": MistralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=128, num_hidden_layers=layers, max_position_embeddings=256,
+                                 **common),
+    }
+    model = AutoModelForCausalLM.from_config(configs[kind]).eval()
+    # Random init at std 0.02 gives near-uniform logits; widen it so greedy choices are not near-ties.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+class IdTokenizer:
+    """Enough of a tokenizer for prompts given as token ids."""
+
+    chat_template = None
+    pad_token_id, eos_token_id = 0, 2
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids)
