@@ -35,6 +35,21 @@ def schedule_from_args(args, num_layers: int, horizon: int) -> Schedule:
     return for_speedup(args.speedup, num_layers, horizon, args.warmup, args.decay, args.mode)
 
 
+def default_adapter(args):
+    """--adapter as given; else, on the default model, the adapter trained for this speedup (a one-for-all
+    adapter for hand-set budgets); else none."""
+    from .adapters import adapter_for, available_adapters
+    from .models import DEFAULT_MODEL
+
+    if args.adapter is not None:
+        return args.adapter
+    if args.model not in (None, DEFAULT_MODEL):
+        return None
+    if args.max_budget is not None or args.min_budget is not None:
+        return next((a for a in available_adapters() if a.one_for_all), None)
+    return adapter_for(args.speedup or 1.0)
+
+
 def spans(layers) -> str:
     """(0, 1, 17, 18, 19) -> '0-1,17-19'"""
     out, layers = [], list(layers)
@@ -53,7 +68,7 @@ def cmd_generate(args) -> int:
     from .sampling import Sampling
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    engine = Engine.load(args.model, device=args.device, dtype=args.dtype)
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=default_adapter(args))
     schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens)
     live = not args.json and len(args.prompt) == 1
     shown = [""]
@@ -118,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with a schedule")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
     gen.add_argument("--model", default=None, help="model folder or hub id (default: bundled SmolLM2-135M-Instruct)")
+    gen.add_argument("--adapter", default=None,
+                     help="LoRA adapter name or path, or 'none' (default: the one trained for this speedup)")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     add_schedule_args(gen)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -1,0 +1,90 @@
+"""LoRA adapters made by `skipdecode train`: finding them, picking one for a speedup, merging it.
+
+Each adapter folder holds peft's adapter files and `skipdecode.json` (the base model, the speedups it
+was trained for, the training record). Merging the LoRA deltas into the weights before the engine packs
+them keeps decoding exactly as fast as with the base model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ADAPTERS_ENV = "SKIPDECODE_ADAPTERS"
+NONE = ("none", "base", "")  # names that mean: no adapter
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: Path
+    speedups: tuple[float, ...]
+    base_model: str
+    meta: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def one_for_all(self) -> bool:
+        return len(self.speedups) > 1
+
+
+def adapters_dir() -> Path:
+    return Path(os.environ.get(ADAPTERS_ENV) or Path(__file__).resolve().parent.parent / "assets" / "adapters")
+
+
+def read_adapter(path: Path) -> AdapterInfo:
+    meta_file = path / "skipdecode.json"
+    if not (path / "adapter_config.json").exists() or not meta_file.exists():
+        raise ValueError(f"{path} is not a skipdecode adapter (needs adapter_config.json and skipdecode.json)")
+    meta = json.loads(meta_file.read_text())
+    return AdapterInfo(path.name, path, tuple(float(s) for s in meta["speedups"]), meta["base_model"], meta)
+
+
+def available_adapters(folder: Path | None = None) -> list[AdapterInfo]:
+    folder = folder or adapters_dir()
+    if not folder.is_dir():
+        return []
+    return [read_adapter(p) for p in sorted(folder.iterdir()) if (p / "skipdecode.json").exists()]
+
+
+def find_adapter(name_or_path: str | os.PathLike) -> AdapterInfo:
+    """An adapter by name (in the adapters folder) or by path."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return read_adapter(path)
+    for info in available_adapters():
+        if info.name == str(name_or_path):
+            return info
+    names = ", ".join(a.name for a in available_adapters()) or "none found"
+    raise ValueError(f"unknown adapter {str(name_or_path)!r}; available: {names}")
+
+
+def adapter_for(speedup: float, base_model: str | None = None) -> AdapterInfo | None:
+    """The adapter to decode `speedup` with: one trained for exactly that speedup, else a one-for-all
+    adapter that covers it, else the one trained nearest to it; None when there is none for the model."""
+    from .models import DEFAULT_MODEL
+
+    base = base_model or DEFAULT_MODEL
+    candidates = [a for a in available_adapters() if a.base_model == base]
+    if not candidates:
+        return None
+
+    def rank(info: AdapterInfo):
+        exact = speedup in info.speedups
+        return (not (exact and not info.one_for_all), not exact, min(abs(s - speedup) for s in info.speedups),
+                info.name)
+
+    return min(candidates, key=rank)
+
+
+def merge_adapter(model, info: AdapterInfo, model_name: str):
+    """The model with the adapter's LoRA deltas merged into its weights."""
+    from peft import PeftModel
+
+    if info.base_model != model_name:
+        raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {model_name}")
+    try:
+        return PeftModel.from_pretrained(model, str(info.path)).merge_and_unload()
+    except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another model
+        raise ValueError(f"adapter {info.name!r} does not fit {model_name}: {str(error).splitlines()[0]}") from error

@@ -1,0 +1,229 @@
+"""E2E evaluation: decode every distinct test MR and score it against all of its references.
+
+Rows: the untrained model at 1x, the fine-tuned model at 1x (the fair baseline: the paper compares
+against a model fine-tuned on the same data) and SkipDecode at each speedup. Metrics: BLEU and chrF
+(sacrebleu), ROUGE-L (rouge-score, best reference), and the slot error rate, the share of MR values a
+lenient lexical check cannot find in the output (the E2E challenge's own sanity measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .data import Item, parse_mr
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
+METRICS = ("bleu", "rouge_l", "chrf", "ser")
+
+# How a slot value may be realized in text, beyond the value itself (lower case).
+REALIZATIONS = {
+    ("area", "city centre"): ("city centre", "city center", "centre", "center"),
+    ("area", "riverside"): ("riverside", "river"),
+    ("priceRange", "cheap"): ("cheap", "inexpensive", "affordable", "low price", "low-price", "less than £20"),
+    ("priceRange", "less than £20"): ("less than £20", "under £20", "cheap", "inexpensive", "low price", "low-price"),
+    ("priceRange", "moderate"): ("moderate", "mid", "average price", "reasonabl"),
+    ("priceRange", "£20-25"): ("£20-25", "£20-£25", "20-25", "20 to 25", "moderate", "average price"),
+    ("priceRange", "high"): ("high", "expensive", "pricey", "more than £30"),
+    ("priceRange", "more than £30"): ("more than £30", "over £30", "above £30", "expensive", "high price", "high-price"),
+    ("customer rating", "low"): ("low", "poor", "1 out of 5", "one star", "1 star", "1-star"),
+    ("customer rating", "average"): ("average", "3 out of 5", "three star", "3 star", "3-star", "moderate"),
+    ("customer rating", "high"): ("high", "5 out of 5", "five star", "5 star", "5-star", "excellent"),
+    ("eatType", "coffee shop"): ("coffee shop", "coffee-shop", "café", "cafe"),
+}
+FAMILY = re.compile(r"famil|kid|child")
+NEGATION = re.compile(r"\bnot\b|\bno\b|n't|\bnon\b|\badults?\b|\bisn|\baren")
+
+
+def slot_realized(key: str, value: str, text: str) -> bool:
+    text, value = text.lower(), value.lower()
+    if key == "familyFriendly":
+        mentioned = FAMILY.search(text) is not None
+        return mentioned and ((NEGATION.search(text) is None) == (value == "yes"))
+    if key == "customer rating" and "out of 5" in value:
+        n = value.split()[0]
+        forms = (value, f"{n} star", f"{n}-star", f"{n} out of five", f"rated {n}", f"rating of {n}")
+        return any(f in text for f in forms)
+    return any(form in text for form in REALIZATIONS.get((key, value), (value,)))
+
+
+def slot_error_rate(items: list[Item], outputs: list[str]) -> float:
+    missing = total = 0
+    for item, text in zip(items, outputs):
+        for key, value in parse_mr(item.mr).items():
+            total += 1
+            missing += not slot_realized(key, value, text)
+    return missing / total if total else 0.0
+
+
+def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
+    """Corpus BLEU and chrF against every reference of each MR, mean best-reference ROUGE-L F1,
+    slot error rate; all in percent."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    depth = max(len(item.refs) for item in items)
+    streams = [[item.refs[k] if k < len(item.refs) else None for item in items] for k in range(depth)]
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    rouge = [scorer.score_multi(list(item.refs), out)["rougeL"].fmeasure for item, out in zip(items, outputs)]
+    return {
+        "bleu": sacrebleu.corpus_bleu(outputs, streams).score,
+        "rouge_l": 100.0 * sum(rouge) / len(rouge),
+        "chrf": sacrebleu.corpus_chrf(outputs, streams).score,
+        "ser": 100.0 * slot_error_rate(items, outputs),
+    }
+
+
+@dataclass
+class Row:
+    row: str
+    model: str
+    adapter: str
+    speedup: float
+    bleu: float
+    rouge_l: float
+    chrf: float
+    ser: float
+    avg_layers: float  # layers run per generated token, the prefill's last position counted for token 0
+    ms_per_token: float  # decode phase, over the tokens decoded
+    decode_speedup: float  # ms_per_token of the fine-tuned 1x row / this row's, same run
+    mrs: int
+    tokens: int
+
+
+def decode(engine, items: list[Item], schedule, batch_size: int, max_new_tokens: int, progress=None):
+    """Greedy outputs in item order, batched by prompt length; decode ms, decoded tokens, layer total."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt))
+    outputs = [""] * len(items)
+    decode_ms = decoded = layers = tokens = 0
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        result = engine.generate([items[i].prompt for i in chunk], schedule, max_new_tokens)
+        for i, text in zip(chunk, result.texts):
+            outputs[i] = text.strip()
+        decode_ms += result.trace.decode_ms
+        decoded += sum(s.rows for s in result.trace.steps)
+        for ids in result.token_ids:  # token 0 from the prefill (all layers), token k from step k - 1
+            layers += engine.num_layers + sum(schedule.budget(s) for s in range(len(ids) - 1))
+            tokens += len(ids)
+        if progress is not None:
+            progress.update(len(chunk))
+    return outputs, decode_ms / max(decoded, 1), layers / max(tokens, 1), tokens
+
+
+def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
+    """(label, adapter or None, speedup) for each row of the table."""
+    from .adapters import adapter_for, available_adapters, find_adapter
+
+    forced = find_adapter(adapter) if adapter else None
+    pick = (lambda s: forced) if forced else adapter_for
+    rows = [("untrained", None, 1.0)]
+    if pick(1.0) is not None:
+        rows.append(("fine-tuned", pick(1.0), 1.0))
+    for s in speedups:
+        if s == 1.0:
+            continue
+        rows.append(("SkipDecode", pick(s), s))
+        if untrained_skip:
+            rows.append(("untrained", None, s))
+        if compare_adapters:
+            rows += [("SkipDecode", a, s) for a in available_adapters() if s in a.speedups and a != pick(s)]
+    return rows
+
+
+def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
+             horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, model=None,
+             outputs_path: Path | None = None) -> list[Row]:
+    from tqdm.auto import tqdm
+
+    from .data import read_items, resolve
+    from .engine import Engine
+    from .schedule import Schedule, for_speedup
+    from .train import E2E_HORIZON
+
+    items = read_items(resolve(data, "testset_w_refs.csv"))[:limit]
+    plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
+    engines, rows, all_outputs = {}, [], {}
+    bar = tqdm(total=len(plan) * len(items), desc="eval", unit="mr")
+    for label, info, speedup in plan:
+        key = info.name if info else "none"
+        if key not in engines:
+            engines[key] = engine = Engine.load(model, adapter=info)
+            engine.generate([it.prompt for it in items[:batch_size]], max_new_tokens=4)  # warm-up, untimed
+        engine = engines[key]
+        L = engine.num_layers
+        meta = (info.meta.get("config", {}) if info else {})
+        schedule = (Schedule.full(L) if speedup == 1.0 else
+                    for_speedup(speedup, L, horizon or meta.get("horizon", E2E_HORIZON),
+                                warmup if warmup is not None else meta.get("warmup_layers", 2)))
+        bar.set_postfix_str(f"{label} {speedup:g}x {key}")
+        outputs, ms, layers, tokens = decode(engine, items, schedule, batch_size, max_new_tokens, bar)
+        all_outputs[f"{label} {speedup:g}x {key}"] = outputs
+        rows.append(Row(f"{label} {speedup:g}x", engine.base_name, key, speedup, **score(items, outputs),
+                        avg_layers=layers, ms_per_token=ms, decode_speedup=0.0, mrs=len(items), tokens=tokens))
+    bar.close()
+    baseline = next((r for r in rows if r.row == "fine-tuned 1x"), rows[0])
+    for r in rows:
+        r.decode_speedup = baseline.ms_per_token / r.ms_per_token
+    if outputs_path is not None:
+        with open(outputs_path, "w") as handle:
+            for i, item in enumerate(items):
+                handle.write(json.dumps({"mr": item.mr, **{k: v[i] for k, v in all_outputs.items()}}) + "\n")
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    head = "| row | adapter | BLEU | ROUGE-L | chrF | SER % | layers/token | decode speedup |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | "
+                     f"{r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
+    return "\n".join(lines)
+
+
+def write(rows: list[Row], prefix: Path) -> None:
+    import pandas as pd
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame([asdict(r) for r in rows]).round(3)
+    frame.to_csv(prefix.with_suffix(".csv"), index=False)
+    prefix.with_suffix(".json").write_text(json.dumps(frame.to_dict(orient="records"), indent=1))
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="E2E quality table: BLEU, ROUGE-L, chrF, slot errors, speed",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=None, help="CSV with columns mr, ref (default: E2E testset_w_refs.csv)")
+    p.add_argument("--speedups", default="1,2,3,4,5")
+    p.add_argument("--limit", type=int, default=None, help="first N distinct MRs only")
+    p.add_argument("--adapter", default=None, help="adapter name or path for every fine-tuned row")
+    p.add_argument("--compare-adapters", action="store_true", help="also every other adapter trained for a speedup")
+    p.add_argument("--untrained-skip", action="store_true", help="also the untrained model at each speedup")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--horizon", type=int, default=None, help="default: the adapter's training horizon")
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", default=None, help="results prefix (default assets/results/e2e[-limitN])")
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON array")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _cmd_eval(args) -> int:
+    prefix = Path(args.out) if args.out else RESULTS_DIR / ("e2e" if args.limit is None else f"e2e-limit{args.limit}")
+    started = time.time()
+    rows = evaluate(args.data, [float(s) for s in args.speedups.split(",")], limit=args.limit,
+                    adapter=args.adapter, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                    horizon=args.horizon, compare_adapters=args.compare_adapters,
+                    untrained_skip=args.untrained_skip, model=args.model,
+                    outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"))
+    write(rows, prefix)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows]))
+    else:
+        print(markdown(rows))
+        print(f"\n{rows[0].mrs} MRs, {time.time() - started:.0f} s; written to {prefix}.csv and .json")
+    return 0

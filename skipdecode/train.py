@@ -1,0 +1,301 @@
+"""Skip-aware fine-tuning: LoRA adapters trained with the very layer plan the engine decodes with.
+
+Teacher forcing feeds prompt + reference in one pass. Position p of a row runs layer l exactly when
+decoding would run it: prompt positions run every layer (the prefill); the token at prompt_len + s is the
+s-th token fed back and runs schedule.layers(s). A position that skips a layer passes its hidden state
+through unchanged. Why one pass equals decoding: the budget never grows, so the positions that run a layer
+form a prefix of the sequence. A position that runs layer l therefore attends only to earlier positions
+that also ran layer l, with the same inputs they had while decoding; the keys computed at positions that
+skip l lie after every position that runs l, and the causal mask hides them.
+
+Runs on one CPU here; `accelerate launch -m skipdecode train ...` runs the same code on several GPUs or
+machines (Accelerator places the model, shards the batches and syncs gradients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .prompts import encode_prompt
+from .schedule import DEFAULT_WARMUP, Schedule, for_speedup
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+E2E_HORIZON = 32  # E2E references average ~30 tokens with the end-of-turn token
+
+
+@dataclass
+class TrainConfig:
+    out: str
+    speedups: list[float] = field(default_factory=lambda: [1.0])
+    model: str | None = None
+    data: str | None = None
+    warmup_layers: int = DEFAULT_WARMUP
+    horizon: int = E2E_HORIZON
+    decay: str = "linear"
+    mode: str = "skip"
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    lr: float = 5e-4
+    batch_size: int = 8
+    grad_accum: int = 1
+    steps: int = 300
+    warmup_ratio: float = 0.05
+    validation_share: float = 0.05
+    validation_examples: int = 64
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    checkpoint_dir: str = "checkpoints"
+    precision: str = "auto"
+    seed: int = 0
+    resume: bool = False
+    limit: int | None = None  # train on the first N examples only (smoke tests)
+
+
+# ---- the layer plan ---------------------------------------------------------------------------
+def layer_plan(schedule: Schedule, prompt_lens: list[int], fed_back: list[int], width: int) -> torch.Tensor:
+    """runs[r, p, l]: does position p of row r run layer l? The prompt runs all layers; the s-th token
+    fed back (at prompt_len + s) runs schedule.layers(s); padding runs nothing."""
+    steps = max(fed_back, default=0)
+    table = torch.tensor(schedule.plan(steps), dtype=torch.bool).reshape(steps, schedule.num_layers)
+    runs = torch.zeros(len(prompt_lens), width, schedule.num_layers, dtype=torch.bool)
+    for row, (p, n) in enumerate(zip(prompt_lens, fed_back)):
+        runs[row, :p] = True
+        runs[row, p:p + n] = table[:n]
+    return runs
+
+
+class SkipLM(torch.nn.Module):
+    """A (LoRA-wrapped) Llama-family causal LM whose forward follows a layer plan and returns the loss on
+    target tokens only. Everything runs inside forward so that DDP under `accelerate launch` sees it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if base.config.model_type not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"skip-aware training supports the Llama family (llama, mistral, qwen2); "
+                             f"got {base.config.model_type!r}")
+        self.inner, self.lm_head = base.model, base.lm_head
+
+    def hidden(self, input_ids, lengths, runs):
+        inner = self.inner
+        B, T = input_ids.shape
+        h = inner.embed_tokens(input_ids)
+        positions = torch.arange(T, device=h.device)[None]
+        cos, sin = inner.rotary_emb(h, positions)
+        valid = positions < lengths[:, None]  # right padding
+        causal = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+        for l, layer in enumerate(inner.layers):
+            run = runs[:, :, l]
+            if not run.any():
+                continue
+            w = int(run.any(0).nonzero().max()) + 1  # columns that run layer l form a prefix: compute only those
+            mask = (causal[:w, :w] & valid[:, None, :w])[:, None]
+            out = layer(h[:, :w], attention_mask=mask, position_ids=positions[:, :w],
+                        position_embeddings=(cos[:, :w], sin[:, :w]))
+            h = torch.cat([torch.where(run[:, :w, None], out, h[:, :w]), h[:, w:]], dim=1)
+        return inner.norm(h)
+
+    def forward(self, input_ids, lengths, runs, labels):
+        h = self.hidden(input_ids, lengths, runs)
+        picked = labels >= 0
+        logits = self.lm_head(h[picked])
+        return F.cross_entropy(logits.float(), labels[picked])
+
+
+# ---- data -------------------------------------------------------------------------------------
+def tokenize_pairs(tokenizer, pairs):
+    """(prompt ids, target ids + end token) per (prompt, reference) pair."""
+    eos = tokenizer.eos_token_id
+    return [(encode_prompt(tokenizer, prompt), tokenizer(ref, add_special_tokens=False)["input_ids"] + [eos])
+            for prompt, ref in pairs]
+
+
+def collate(examples, pad_id: int):
+    """Right-padded prompt + target[:-1]; labels hold target[j] at position prompt_len - 1 + j."""
+    seqs = [p + t[:-1] for p, t in examples]
+    width = max(map(len, seqs))
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for row, ((prompt, target), seq) in enumerate(zip(examples, seqs)):
+        input_ids[row, :len(seq)] = torch.tensor(seq)
+        labels[row, len(prompt) - 1:len(prompt) - 1 + len(target)] = torch.tensor(target)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return input_ids, lengths, labels, [len(p) for p, _ in examples], [len(t) - 1 for _, t in examples]
+
+
+def batches(examples, batch_size: int, seed: int):
+    """An endless, reproducible stream of batches: epoch e is shuffled with seed + e."""
+    epoch = 0
+    while True:
+        order = list(range(len(examples)))
+        random.Random(seed + epoch).shuffle(order)
+        for i in range(0, len(order) - batch_size + 1, batch_size):
+            yield [examples[j] for j in order[i:i + batch_size]]
+        epoch += 1
+
+
+def schedules_for(speedups, num_layers, config: TrainConfig) -> list[Schedule]:
+    return [Schedule.full(num_layers) if s == 1 else
+            for_speedup(s, num_layers, config.horizon, config.warmup_layers, config.decay, config.mode)
+            for s in speedups]
+
+
+# ---- the loop ---------------------------------------------------------------------------------
+def pick_precision(precision: str) -> str:
+    if precision != "auto":
+        return {"fp32": "no", "no": "no", "bf16": "bf16"}[precision]
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no"
+
+
+def train(config: TrainConfig) -> dict:
+    from accelerate import Accelerator
+    from peft import LoraConfig, get_peft_model
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    from .data import pairs, read_items, resolve, split_items
+    from .models import load_model
+
+    accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum,
+                              mixed_precision=pick_precision(config.precision), cpu=not torch.cuda.is_available())
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    loaded = load_model(config.model, device="cpu", dtype="float32")
+    tokenizer = loaded.tokenizer
+    lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                      target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(loaded.model, lora)
+    model = SkipLM(peft_model)
+    L = loaded.model.config.num_hidden_layers
+
+    train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
+                                         config.validation_share, config.seed)
+    train_examples = tokenize_pairs(tokenizer, pairs(train_items))[: config.limit]
+    val_examples = tokenize_pairs(tokenizer, pairs(val_items))[: config.validation_examples]
+    schedules = schedules_for(config.speedups, L, config)
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                  weight_decay=0.0)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(config.warmup_ratio * config.steps),
+                                                config.steps)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    run_dir = Path(config.checkpoint_dir) / Path(config.out).name
+    step, started, elapsed_before = 0, time.time(), 0.0
+    if config.resume and (run_dir / "progress.json").exists():
+        accelerator.load_state(str(run_dir / "state"))
+        progress = json.loads((run_dir / "progress.json").read_text())
+        step, elapsed_before = progress["step"], progress["seconds"]
+
+    # Each process takes every n-th micro-batch; a resumed run skips what it already consumed.
+    stream = batches(train_examples, config.batch_size, config.seed)
+    picker = random.Random(config.seed)
+    for _ in range(step * config.grad_accum * accelerator.num_processes):
+        next(stream)
+        picker.choice(schedules)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def run_batch(examples, schedule):
+        input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
+        runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
+        to = accelerator.device
+        with accelerator.autocast():
+            return model(input_ids.to(to), lengths.to(to), runs.to(to), labels.to(to))
+
+    def validation_loss():
+        model.eval()
+        with torch.no_grad():
+            losses = [run_batch(val_examples[i:i + config.batch_size], schedule).item()
+                      for schedule in schedules for i in range(0, len(val_examples), config.batch_size)]
+        model.train()
+        return sum(losses) / len(losses)
+
+    history = []
+    bar = tqdm(total=config.steps, initial=step, desc=f"train {Path(config.out).name}",
+               disable=not accelerator.is_main_process)
+    model.train()
+    while step < config.steps:
+        for micro in range(config.grad_accum * accelerator.num_processes):
+            examples, schedule = next(stream), picker.choice(schedules)
+            if micro % accelerator.num_processes != accelerator.process_index:
+                continue
+            with accelerator.accumulate(model):
+                loss = run_batch(examples, schedule)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+        step += 1
+        record = {"step": step, "loss": round(loss.item(), 4), "lr": scheduler.get_last_lr()[0],
+                  "layers": round(schedule.average_budget(), 2)}
+        if step % config.eval_every == 0 or step == config.steps:
+            record["val_loss"] = round(validation_loss(), 4)
+        history.append(record)
+        bar.set_postfix({k: v for k, v in record.items() if k in ("loss", "val_loss")})
+        bar.update(1)
+        if step % config.checkpoint_every == 0 and step < config.steps:
+            accelerator.save_state(str(run_dir / "state"))
+            seconds = elapsed_before + time.time() - started
+            if accelerator.is_main_process:
+                (run_dir / "progress.json").write_text(json.dumps({"step": step, "seconds": seconds}))
+    bar.close()
+
+    seconds = elapsed_before + time.time() - started
+    summary = {"base_model": loaded.name, "speedups": config.speedups, "steps": step,
+               "examples_seen": step * config.batch_size * config.grad_accum * accelerator.num_processes,
+               "train_examples": len(train_examples), "train_minutes": round(seconds / 60, 1),
+               "val_loss": history[-1].get("val_loss"), "precision": pick_precision(config.precision),
+               "config": asdict(config), "history": history}
+    if accelerator.is_main_process:
+        out = Path(config.out)
+        accelerator.unwrap_model(model).model.save_pretrained(out)
+        (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return summary
+
+
+# ---- command line -----------------------------------------------------------------------------
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="skip-aware LoRA fine-tuning on E2E",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="adapter folder to write (e.g. assets/adapters/skip3x)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--speedup", type=float, help="train for one schedule (the paper's way)")
+    group.add_argument("--speedups", help="comma list: sample one schedule per batch (one adapter for all)")
+    defaults = TrainConfig(out="")
+    for name in ("model", "data"):
+        p.add_argument(f"--{name}", default=None)
+    for name in ("warmup_layers", "horizon", "rank", "alpha", "batch_size", "grad_accum", "steps",
+                 "validation_examples", "eval_every", "checkpoint_every", "seed", "limit"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    for name in ("dropout", "lr", "warmup_ratio", "validation_share"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
+    p.add_argument("--decay", default=defaults.decay)
+    p.add_argument("--mode", default=defaults.mode)
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--checkpoint-dir", default=defaults.checkpoint_dir)
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args) -> int:
+    speedups = ([float(s) for s in args.speedups.split(",")] if args.speedups
+                else [args.speedup if args.speedup else 1.0])
+    fields = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
+    summary = train(TrainConfig(**{**fields, "speedups": speedups}))
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=1))
+    return 0

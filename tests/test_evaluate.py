@@ -1,0 +1,112 @@
+"""Metric wiring on hand-made references, the slot check, the data reader and adapter choice."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from skipdecode import adapters
+from skipdecode.data import Item, parse_mr, read_items, split_items
+from skipdecode.evaluate import score, slot_error_rate, slot_realized
+
+EAGLE = Item("name[The Eagle], eatType[coffee shop], food[French], area[riverside], familyFriendly[yes]",
+             ("The Eagle is a family friendly French coffee shop by the riverside.",
+              "By the riverside, The Eagle coffee shop serves French food and welcomes kids."))
+MILL = Item("name[The Mill], priceRange[less than £20], customer rating[5 out of 5], familyFriendly[no]",
+            ("The Mill is a cheap place rated 5 out of 5, not family-friendly.",))
+
+
+def test_outputs_equal_to_references_score_100():
+    result = score([EAGLE, MILL], [EAGLE.refs[1], MILL.refs[0]])
+    assert result["bleu"] == pytest.approx(100.0)
+    assert result["rouge_l"] == pytest.approx(100.0)
+    assert result["chrf"] == pytest.approx(100.0)
+    assert result["ser"] == 0.0
+
+
+def test_unrelated_outputs_score_low():
+    result = score([EAGLE, MILL], ["Hello there.", "Nothing to see."])
+    assert result["bleu"] < 5 and result["rouge_l"] < 20 and result["ser"] == 100.0
+
+
+def test_slot_error_rate_counts_missing_values():
+    # 5 + 4 slots; the first output misses food and area, the second misses the rating
+    outputs = ["The Eagle is a coffee shop for the whole family.",
+               "The Mill is inexpensive and not suitable for kids."]
+    assert slot_error_rate([EAGLE, MILL], outputs) == pytest.approx(3 / 9)
+    assert slot_realized("familyFriendly", "no", "It is not kid friendly.")
+    assert not slot_realized("familyFriendly", "no", "It is kid friendly.")
+    assert slot_realized("customer rating", "3 out of 5", "a 3 star rating")
+
+
+def test_reader_groups_references_and_splits_by_mr(tmp_path):
+    csv = tmp_path / "mini.csv"
+    csv.write_text('mr,ref\n"name[A], food[Thai]",A serves Thai.\n"name[A], food[Thai]",Thai at A.\n'
+                   '"name[B], area[riverside]",B is by the river.\n')
+    items = read_items(csv)
+    assert [len(i.refs) for i in items] == [2, 1]
+    assert parse_mr(items[0].mr) == {"name": "A", "food": "Thai"}
+    train, val = split_items(items, 0.5, seed=0)
+    assert len(train) == 1 and len(val) == 1 and {train[0].mr, val[0].mr} == {items[0].mr, items[1].mr}
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="columns mr and ref"):
+        read_items(tmp_path / "bad.csv")
+
+
+def fake_adapter(folder, name, speedups, base="SmolLM2-135M-Instruct"):
+    path = folder / name
+    path.mkdir()
+    (path / "adapter_config.json").write_text("{}")
+    (path / "skipdecode.json").write_text(json.dumps({"speedups": speedups, "base_model": base}))
+
+
+def test_adapter_for_prefers_exact_then_one_for_all_then_nearest(tmp_path, monkeypatch):
+    monkeypatch.setenv(adapters.ADAPTERS_ENV, str(tmp_path))
+    assert adapters.adapter_for(3) is None
+    fake_adapter(tmp_path, "all", [1, 2, 3, 4, 5])
+    fake_adapter(tmp_path, "three", [3])
+    fake_adapter(tmp_path, "six", [6])
+    fake_adapter(tmp_path, "other-model", [2], base="gpt2")
+    assert adapters.adapter_for(3).name == "three"
+    assert adapters.adapter_for(2).name == "all"
+    assert adapters.adapter_for(7).name == "six"
+    assert adapters.adapter_for(2, base_model="gpt2").name == "other-model"
+    with pytest.raises(ValueError, match="unknown adapter 'nope'; available: all, other-model, six, three"):
+        adapters.find_adapter("nope")
+
+
+def test_merge_adapter_changes_weights_and_refuses_another_model(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(tiny_model("llama"), LoraConfig(r=4, target_modules=["q_proj", "up_proj"]))
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    peft_model.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "tiny" / "skipdecode.json").write_text(json.dumps({"speedups": [2], "base_model": "tiny"}))
+    info = adapters.read_adapter(tmp_path / "tiny")
+    base = tiny_model("llama")
+    before = base.model.layers[0].self_attn.q_proj.weight.clone()
+    merged = adapters.merge_adapter(base, info, "tiny")
+    assert not torch.equal(merged.model.layers[0].self_attn.q_proj.weight, before)
+    with pytest.raises(ValueError, match="was made for tiny, not gpt2"):
+        adapters.merge_adapter(tiny_model("llama"), info, "gpt2")
+    with pytest.raises(ValueError, match="does not fit"):
+        adapters.merge_adapter(tiny_model("gpt2"), info, "tiny")
+
+
+def test_eval_command_json_rows(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--limit", "3", "--speedups", "1,3",
+                           "--max-new-tokens", "24", "--out", str(tmp_path / "e2e"), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert rows[0]["row"] == "untrained 1x" and rows[-1]["speedup"] == 3.0
+    for row in rows:
+        assert {"bleu", "rouge_l", "chrf", "ser", "avg_layers", "decode_speedup", "adapter"} <= set(row)
+        assert 0 <= row["bleu"] <= 100 and row["mrs"] == 3
+    assert rows[-1]["avg_layers"] < rows[0]["avg_layers"] == 30.0
+    assert (tmp_path / "e2e.csv").exists() and (tmp_path / "e2e-outputs.jsonl").exists()
