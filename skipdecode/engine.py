@@ -1,8 +1,9 @@
-"""One generation loop for full decoding, SkipDecode and the early-exit ablation.
+"""One generation loop for full decoding, SkipDecode, the early-exit ablation and per-token peers.
 
 The schedule decides which layers a position runs; everything else is the same loop: a left-padded
 batch, one all-layer prefill, then one column of the batch at a time through the scheduled layers into
-a static KV cache, with finished rows compacted away.
+a static KV cache, with finished rows compacted away. A per-token method (`peers.EarlyExit`) plugs in as
+a column policy: an object with `num_layers`, `to_dict()` and `run(...)` like `Scheduled` below.
 """
 
 from __future__ import annotations
@@ -42,6 +43,23 @@ class Generation:
         outputs = [{"prompt": p if isinstance(p, str) else list(p), "text": t, "token_ids": ids}
                    for p, t, ids in zip(self.prompts, self.texts, self.token_ids)]
         return {"outputs": outputs, "trace": self.trace.to_dict()}
+
+
+class Scheduled:
+    """SkipDecode's column: every row of the batch runs the layers the schedule gives this position."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule, self.num_layers = schedule, schedule.num_layers
+
+    def to_dict(self) -> dict:
+        return self.schedule.to_dict()
+
+    def run(self, dec: Decoder, cache: KVCache, step: int, column: int, x, rope, mask):
+        """Hidden states [B, 1, d] after this position's layers, and the step's record (ms filled in later)."""
+        layers = self.schedule.layers(step)
+        for layer in layers:
+            x = dec.block(layer, x, rope, mask, *cache.claim(layer, column, 1), column)
+        return x, StepRecord(step, len(layers), layers, self.schedule.skipped(step), 0.0, x.shape[0])
 
 
 class Engine:
@@ -105,25 +123,29 @@ class Engine:
         if not prompts:
             raise ValueError("no prompts given")
         dec, L = self.decoder, self.num_layers
-        schedule = schedule or Schedule.full(L)
-        if schedule.num_layers != L:
-            raise ValueError(f"schedule is for {schedule.num_layers} layers but the model has {L}")
+        policy = schedule if hasattr(schedule, "run") else Scheduled(schedule or Schedule.full(L))
+        if policy.num_layers != L:
+            raise ValueError(f"schedule is for {policy.num_layers} layers but the model has {L}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
         encoded = [self.encode(p, chat) for p in prompts]
         B, P = len(encoded), max(len(ids) for ids in encoded)
-        if P + max_new_tokens > dec.max_positions:
+        width = P + max_new_tokens
+        if width > dec.max_positions:
             raise ValueError(f"prompt of {P} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
                              f"context of {dec.max_positions} tokens")
         device = dec.device
         ids = torch.tensor([[self.pad_id] * (P - len(e)) + e for e in encoded], device=device)
-        valid = torch.ones(B, P + max_new_tokens, dtype=torch.bool, device=device)
-        for row, e in enumerate(encoded):
-            valid[row, : P - len(e)] = False
-        cache = KVCache(L, B, dec.num_kv_heads, P + max_new_tokens, dec.head_dim, device, dec.dtype)
+        pads = [P - len(e) for e in encoded]
+        valid = torch.ones(B, width, dtype=torch.bool, device=device)
+        for row, pad in enumerate(pads):
+            valid[row, :pad] = False
+        # Additive masks, made once: SDPA would otherwise turn a boolean mask into one at every layer.
+        # Without padding the decode steps need no mask at all.
+        bias = dec.attention_bias(valid) if any(pads) else None
+        cache = KVCache(L, B, dec.num_kv_heads, width, dec.head_dim, device, dec.dtype)
         generator = sampling.generator(device)
-        eos = torch.tensor(self.eos_ids, device=device)
-        trace = Trace(L, B, P, schedule.to_dict())
+        trace = Trace(L, B, P, policy.to_dict())
         gen = Generation(prompts, [[] for _ in range(B)], [False] * B, trace, self.tokenizer)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
@@ -131,12 +153,12 @@ class Engine:
         started = time.perf_counter()
         positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-        mask = (causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
-        x, rope = dec.embed(ids, positions), dec.rope(positions)
+        mask = dec.attention_bias((causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device))
+        x, rope = dec.embed(ids, positions), dec.rope(positions, limit=width)
         for layer in range(L):
             x = dec.block(layer, x, rope, mask[:, None], *cache.claim(layer, 0, P), 0)
         token = next_tokens(dec.logits(x[:, -1]), sampling, generator)
-        position = positions[:, -1] + 1
+        position = positions[:, -1:] + 1
         rows = list(range(B))  # original row of each row still in the batch
         sync()
         trace.prefill_ms = (time.perf_counter() - started) * 1000.0
@@ -156,23 +178,22 @@ class Engine:
             if _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
                 index = torch.tensor(keep, device=device)
                 cache.keep_rows(index)
-                token, position, valid = token[index], position[index], valid[index]
+                token, position = token[index], position[index]
+                bias = bias[index] if bias is not None else None
                 rows = [rows[i] for i in keep]
             yield gen
 
-            # Position `step`: every row runs the same scheduled layers, then the LM head.
+            # Position `step`: the policy runs the column's layers (for a schedule: the same for every row).
             started = time.perf_counter()
             column = P + step
-            layers = schedule.layers(step)
-            x, rope = dec.embed(token[:, None], position[:, None]), dec.rope(position[:, None])
-            mask = valid[:, None, None, : column + 1]
-            for layer in layers:
-                x = dec.block(layer, x, rope, mask, *cache.claim(layer, column, 1), column)
+            x, rope = dec.embed(token[:, None], position), dec.rope(position, limit=width)
+            mask = bias[:, None, None, : column + 1] if bias is not None else None
+            x, record = policy.run(dec, cache, step, column, x, rope, mask)
             token = next_tokens(dec.logits(x[:, -1]), sampling, generator)
-            position = position + 1
+            position += 1
             sync()
-            ms = (time.perf_counter() - started) * 1000.0
-            trace.steps.append(StepRecord(step, len(layers), layers, schedule.skipped(step), ms, len(rows)))
+            record.ms = (time.perf_counter() - started) * 1000.0
+            trace.steps.append(record)
         trace.cache_lengths = list(cache.lengths)
         gen.done = True
         yield gen

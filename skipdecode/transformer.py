@@ -81,6 +81,7 @@ class Decoder:
         self.kv_size = self.num_kv_heads * self.head_dim
         self.gqa = self.num_heads != self.num_kv_heads
         self._rope_table = None
+        self._kv_only: list[Linear] | None = None
 
     def _linear(self, weight, bias):
         return Linear(weight, bias, self.pack)
@@ -133,11 +134,12 @@ class Decoder:
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
-    def rope(self, positions: torch.Tensor):
-        """cos/sin for positions [B, S], shaped [B, 1, S, head_dim] to broadcast over heads."""
+    def rope(self, positions: torch.Tensor, limit: int | None = None):
+        """cos/sin for positions [B, S], shaped [B, 1, S, head_dim] to broadcast over heads. `limit`, one
+        past the largest position the caller will ask for, spares reading the positions back to the host."""
         if self.rotary is None:
             return None
-        need = int(positions.max()) + 1
+        need = int(positions.max()) + 1 if limit is None else limit
         if self._rope_table is None or self._rope_table[0].shape[0] < need:
             # a table of positions, made by the model's own rotary module (any rope scaling included)
             size = min(self.max_positions, max(1024, 1 << (need - 1).bit_length()))
@@ -145,6 +147,11 @@ class Decoder:
             self._rope_table = (cos[0], sin[0])
         cos, sin = self._rope_table
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    def attention_bias(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean mask (True = may attend) as the additive mask SDPA uses, made once per generation."""
+        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return bias.masked_fill_(~allowed, float("-inf"))
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = F.embedding(tokens, self.embed_tokens)
@@ -154,18 +161,16 @@ class Decoder:
 
     def block(self, layer: int, x, rope, mask, keys: torch.Tensor, values: torch.Tensor, start: int):
         """Run layer `layer` on x [B, S, d] at cache columns [start, start + S): write its keys and
-        values there and attend over columns [0, start + S) under `mask` [B, 1, S, start + S]."""
+        values there and attend over columns [0, start + S) under the additive `mask` [B, 1, S, start + S]
+        (None: every column)."""
         w = self.blocks[layer]
         B, S, _ = x.shape
         q, k, v = w.qkv(self._norm(x, w.norm1)).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if rope is not None:
-            cos, sin = rope
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q = self._rotate(self._heads(q, self.num_heads), rope)
+        k = self._rotate(self._heads(k, self.num_kv_heads), rope)
         end = start + S
         keys[:, :, start:end] = k
-        values[:, :, start:end] = v.view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        values[:, :, start:end] = self._heads(v, self.num_kv_heads)
         attn = F.scaled_dot_product_attention(
             q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=self.gqa
         )
@@ -177,6 +182,30 @@ class Decoder:
         else:
             h = self.act(h)
         return x + w.down(h)
+
+    def fill_kv(self, layer: int, x, rope, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+        """Only the keys and values of layer `layer` for x [B, S, d], written at columns [start, start + S).
+        Per-token early exit needs this (CALM's state copying): a token that left the network below this
+        layer still owes later tokens its keys and values here, made from its copied hidden state."""
+        w = self.blocks[layer]
+        if self._kv_only is None:  # the key/value rows of the fused matrices, packed on first use
+            self._kv_only = [self._linear(b.qkv.weight[self.q_size:], None if b.qkv.bias is None
+                                          else b.qkv.bias[self.q_size:]) for b in self.blocks]
+        k, v = self._kv_only[layer](self._norm(x, w.norm1)).split((self.kv_size, self.kv_size), dim=-1)
+        end = start + x.shape[1]
+        keys[:, :, start:end] = self._rotate(self._heads(k, self.num_kv_heads), rope)
+        values[:, :, start:end] = self._heads(v, self.num_kv_heads)
+
+    def _heads(self, t, heads):
+        """[B, S, heads * head_dim] -> [B, heads, S, head_dim]"""
+        return t.view(t.shape[0], t.shape[1], heads, self.head_dim).transpose(1, 2)
+
+    @staticmethod
+    def _rotate(t, rope):
+        if rope is None:
+            return t
+        cos, sin = rope
+        return t * cos + _rotate_half(t) * sin
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self._norm(x, self.final_norm))

@@ -1,0 +1,460 @@
+"""`skipdecode bench`: decoding speed, measured against our own full decoding, the cost-model bound,
+transformers' `generate` and the per-token early-exit peer, all in one run.
+
+The cost model counts work in multiply-accumulates per generated token. For the matrix products that is
+also the number of weights a token touches, which is what a small batch on a CPU pays for:
+    embedding           d                              (one row read)
+    each layer it runs  its norm, attention and MLP weights
+                        + 2 x heads x head_dim x context   (attention scores and weighted sum over the cache)
+    final norm, LM head d + vocab x d                  (SmolLM2-135M: the tied head is ~1/5 of a token's weights)
+bound = work per token at full depth / work per token under the method, summed over the decode steps.
+A 3x schedule (a third of the layers) cannot give 3x: the head and embedding stay. efficiency =
+measured decode speedup / bound. The per-token peer's own work adds the keys and values it must still
+compute for the layers above its exit (and an LM head per checked layer with the "softmax" measure).
+
+Every run generates exactly `new_tokens` tokens per row (EOS does not stop it), so all rows of a run are
+comparable. Rounds go round-robin over the cases, so slow drift in machine load hits every case alike;
+the first round is a warm-up and is not counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+E2E_ENV = "SKIPDECODE_E2E_DIR"
+E2E_TEST = "testset_w_refs.csv"
+DEFAULT_OUT = Path("assets") / "results" / "bench.csv"
+E2E_INSTRUCTION = "Describe this restaurant in one sentence."
+GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0}
+
+
+# ---- prompts ------------------------------------------------------------------------------------
+def e2e_path(data: str | os.PathLike | None = None) -> Path:
+    """The E2E test CSV: `data` (a file or folder), else $SKIPDECODE_E2E_DIR, else ../shared/data/e2e."""
+    where = Path(data or os.environ.get(E2E_ENV) or REPO.parent / "shared" / "data" / "e2e")
+    path = where / E2E_TEST if where.is_dir() else where
+    if not path.is_file():
+        raise ValueError(f"E2E test set not found at {path}: pass --data or set {E2E_ENV}")
+    return path
+
+
+def e2e_items(path: Path, limit: int) -> list[tuple[str, list[str]]]:
+    """The first `limit` distinct meaning representations, in file order, with all their references."""
+    refs: dict[str, list[str]] = {}
+    with open(path, newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            if "mr" not in row or "ref" not in row:
+                raise ValueError(f"{path} needs the columns mr and ref")
+            if row["mr"] not in refs and len(refs) == limit:
+                break
+            refs.setdefault(row["mr"], []).append(row["ref"])
+    if len(refs) < limit:
+        raise ValueError(f"{path} holds {len(refs)} distinct MRs; {limit} are needed")
+    return list(refs.items())
+
+
+def e2e_prompt(mr: str) -> str:
+    return f"{mr}. {E2E_INSTRUCTION}"
+
+
+# ---- the cost model -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CostModel:
+    """Multiply-accumulates per token, from the decoder's own weight shapes."""
+
+    embedding: int
+    layer: int  # weights of one layer (norms, attention projections, MLP)
+    kv_only: int  # what `Decoder.fill_kv` touches: the first norm and the key/value rows
+    head: int  # final norm and LM head
+    attention_width: int  # heads x head_dim: MACs per cached column, for scores and again for values
+
+    @classmethod
+    def of(cls, dec) -> "CostModel":
+        block = dec.blocks[0]
+        norms = sum(t.numel() for norm in (block.norm1, block.norm2) for t in norm if t is not None)
+        layer = norms + sum(lin.weight.numel() for lin in (block.qkv, block.out, block.up, block.down))
+        kv_rows = block.qkv.weight.shape[1] * 2 * dec.kv_size
+        d = dec.embed_tokens.shape[1]
+        return cls(embedding=d, layer=layer, kv_only=block.norm1[0].numel() + kv_rows,
+                   head=dec.lm_head.weight.numel() + d, attention_width=dec.q_size)
+
+    def token(self, layers: int, context: int, kv_only: int = 0, heads: int = 1) -> int:
+        """Work for one token that runs `layers` layers over `context` cached columns."""
+        attention = 2 * self.attention_width * context
+        return self.embedding + layers * (self.layer + attention) + kv_only * self.kv_only + heads * self.head
+
+    def bound(self, num_layers: int, prompt: int, per_step) -> float:
+        """Full-depth work over the decode steps / the method's work. `per_step` lists, for each decode
+        step, the tokens' (layers, kv_only, heads) triples."""
+        full = method = 0
+        for step, tokens in enumerate(per_step):
+            context = prompt + step + 1
+            full += len(tokens) * self.token(num_layers, context)
+            method += sum(self.token(layers, context, kv, heads) for layers, kv, heads in tokens)
+        return full / method
+
+
+def schedule_steps(schedule, steps: int, rows: int = 1):
+    return [[(schedule.budget(s), 0, 1)] * rows for s in range(steps)]
+
+
+def trace_steps(trace, heads_per_layer: bool = False):
+    """Per decode step, each row's (layers, kv_only, heads) as it ran, from a peer's trace."""
+    out = []
+    for record in trace.steps:
+        exits = getattr(record, "exits", None) or (record.budget,) * record.rows
+        L = trace.num_layers
+        out.append([(e, L - e, e if heads_per_layer else 1) for e in exits])
+    return out
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    method: str  # "full", "skipdecode", "early_exit_peer"
+    speedup: float
+    batch_size: int
+    policy: object  # a Schedule or a peers.EarlyExit
+    samples: list = field(default_factory=list)  # (total_ms, first_token_ms, decode_ms per step)
+    generation: object = None
+    hf: list = field(default_factory=list)  # (total_ms, first_token_ms) of transformers' generate
+    hf_tokens: list | None = None
+
+
+def time_engine(engine, ids, policy, new_tokens):
+    """Wall clock of one generation: to the first token (the prefill) and over the decode steps after it."""
+    started = time.perf_counter()
+    first = None
+    for generation in engine.stream(ids, policy, max_new_tokens=new_tokens, stop_at_eos=False):
+        if first is None:
+            first = time.perf_counter()  # the first yield follows the prefill's token
+    end = time.perf_counter()
+    steps = len(generation.trace.steps)
+    return ((end - started) * 1000, (first - started) * 1000, (end - first) * 1000 / max(steps, 1)), generation
+
+
+def hf_generate(engine, ids, new_tokens):
+    """transformers' generate at full depth on the same left-padded token ids, EOS stopping off."""
+    import torch
+
+    width = max(len(i) for i in ids)
+    device = engine.decoder.device
+    input_ids = torch.tensor([[engine.pad_id] * (width - len(i)) + i for i in ids], device=device)
+    attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
+    config = engine.model.generation_config.__class__.from_dict(engine.model.generation_config.to_dict())
+    config.update(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=None, eos_token_id=None,
+                  pad_token_id=engine.pad_id, temperature=None, top_p=None, top_k=None)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = engine.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+    sync()
+    return (time.perf_counter() - started) * 1000, out[:, width:].tolist()
+
+
+# ---- quality --------------------------------------------------------------------------------------
+def cut_at_eos(ids: list[int], eos_ids) -> list[int]:
+    return next((ids[: i + 1] for i, t in enumerate(ids) if t in eos_ids), ids)
+
+
+def agreement(ids: list[list[int]], full: list[list[int]], eos_ids) -> float:
+    """Share of the full-depth outputs' tokens (each up to its EOS) reproduced at the same position."""
+    same = total = 0
+    for mine, ref in zip(ids, full):
+        ref = cut_at_eos(ref, eos_ids)
+        same += sum(a == b for a, b in zip(mine, ref))
+        total += len(ref)
+    return same / total if total else 0.0
+
+
+def bleu(texts: list[str], references: list[list[str]]) -> float:
+    import sacrebleu
+
+    streams = max(len(r) for r in references)
+    padded = [[r[i] if i < len(r) else None for r in references] for i in range(streams)]
+    return sacrebleu.corpus_bleu(texts, padded).score
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tokens=64, repeats=5,
+        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None):
+    """All cases of one benchmark; returns (rows, goals). `items`: (mr, references) pairs, at least as
+    many as the largest batch; a batch of B takes the first B."""
+    from .peers import calibrate
+    from .schedule import Schedule, for_speedup
+
+    say = progress or (lambda message: None)
+    L = engine.num_layers
+    if 1 not in speedups:
+        speedups = (1, *speedups)  # every measured speedup is against full decoding in the same run
+    ids = [engine.encode(e2e_prompt(mr)) for mr, _ in items]
+    schedules = {s: Schedule.full(L) if s == 1 else for_speedup(s, L, horizon=new_tokens) for s in speedups}
+    cases = [Case("full" if s == 1 else "skipdecode", s, b, schedules[s]) for s in speedups for b in batch_sizes]
+    if peer:
+        biggest = ids[: max(batch_sizes)]
+        for s in speedups:
+            if s == 1:
+                continue
+            target = schedules[s].average_budget(new_tokens - 1)
+            say(f"calibrating the early-exit peer to {target:.2f} layers per token ({s}x)")
+            policy, reached = calibrate(engine, biggest, target, new_tokens, measure=peer_measure)
+            say(f"  threshold {policy.threshold:.5f}: {reached:.2f} layers per token")
+            cases += [Case("early_exit_peer", s, b, policy) for b in batch_sizes]
+
+    for round_ in range(warmup_rounds + repeats):
+        counted = round_ >= warmup_rounds
+        say(f"round {round_ + 1}/{warmup_rounds + repeats}" + ("" if counted else " (warm-up, not counted)"))
+        for case in cases:
+            sample, generation = time_engine(engine, ids[: case.batch_size], case.policy, new_tokens)
+            if counted:
+                case.samples.append(sample)
+            case.generation = generation
+            if hf and case.method == "full":
+                total, tokens = hf_generate(engine, ids[: case.batch_size], new_tokens)
+                first, _ = hf_generate(engine, ids[: case.batch_size], 1)
+                if counted:
+                    case.hf.append((total, first))
+                case.hf_tokens = tokens
+    return summarize(engine, items, ids, cases, new_tokens, peer_measure)
+
+
+def summarize(engine, items, ids, cases, new_tokens, peer_measure):
+    from .peers import average_token_layers
+
+    cost = CostModel.of(engine.decoder)
+    L, eos = engine.num_layers, engine.eos_ids
+    full = {c.batch_size: c for c in cases if c.method == "full"}
+    biggest = {}
+    for case in cases:  # quality is scored on the largest batch of each method and speedup
+        key = (case.method, case.speedup)
+        if key not in biggest or case.batch_size > biggest[key].batch_size:
+            biggest[key] = case
+    reference = biggest[("full", 1)].generation.token_ids
+    rows = []
+    for case in cases:
+        B, trace = case.batch_size, case.generation.trace
+        totals, firsts, decodes = (sorted(x) for x in zip(*case.samples))
+        ms = statistics.median(decodes)
+        steps = len(trace.steps)
+        if case.method == "early_exit_peer":
+            per_step = trace_steps(trace, heads_per_layer=peer_measure == "softmax")
+            layers = average_token_layers(trace)
+        else:
+            per_step = schedule_steps(case.policy, steps)
+            layers = trace.average_layers
+        bound = cost.bound(L, trace.prompt_tokens, per_step)
+        base = full[B]
+        base_ms = statistics.median(sorted(s[2] for s in base.samples))
+        base_total = statistics.median(sorted(s[0] for s in base.samples))
+        total = statistics.median(totals)
+        scored = biggest[(case.method, case.speedup)].generation
+        texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
+        row = {
+            "method": case.method, "dtype": str(engine.decoder.dtype).removeprefix("torch."),
+            "speedup": case.speedup, "batch_size": B, "new_tokens": new_tokens, "prompt_tokens": trace.prompt_tokens,
+            "repeats": len(case.samples), "layers_per_token": round(layers, 3),
+            "batch_layers_per_step": round(trace.average_layers, 3),
+            "ms_per_token": round(ms, 3), "ms_per_token_min": round(decodes[0], 3),
+            "ms_per_token_max": round(decodes[-1], 3), "tokens_per_s": round(1000 * B / ms, 2),
+            "first_token_ms": round(statistics.median(firsts), 3),
+            "e2e_ms_per_token": round(total / new_tokens, 3), "e2e_tokens_per_s": round(1000 * B * new_tokens / total, 2),
+            "measured_speedup": round(base_ms / ms, 3), "e2e_speedup": round(base_total / total, 3),
+            "bound": round(bound, 3), "efficiency": round(base_ms / ms / bound, 3),
+            "bleu": round(bleu(texts, [refs for _, refs in items[: len(texts)]]), 2),
+            "agreement": round(agreement(scored.token_ids, reference, eos), 4), "quality_prompts": len(texts),
+        }
+        if case.method == "early_exit_peer":
+            row["peer_threshold"] = case.policy.threshold
+            row["peer_measure"] = case.policy.measure
+        if case.hf:
+            hf_total = statistics.median(sorted(h[0] for h in case.hf))
+            hf_decode = statistics.median(sorted((h[0] - h[1]) / (new_tokens - 1) for h in case.hf))
+            row.update({
+                "hf_generate_tokens_per_s": round(1000 * B * new_tokens / hf_total, 2),
+                "hf_generate_ms_per_token": round(hf_decode, 3),
+                "hf_generate_decode_tokens_per_s": round(1000 * B / hf_decode, 2),
+                "vs_hf": round(hf_total / total, 3), "vs_hf_decode": round(hf_decode / ms, 3),
+                "hf_same_tokens": case.hf_tokens == case.generation.token_ids,
+            })
+        rows.append(row)
+    return rows, goals(rows)
+
+
+def goals(rows) -> list[dict]:
+    """The issue's goals, each as the ratio this run measured against its threshold."""
+    out = []
+    at = {(r["method"], r["speedup"], r["batch_size"]): r for r in rows}
+
+    def goal(name, value, threshold, strict=False):
+        ok = value > threshold if strict else value >= threshold
+        out.append({"goal": name, "value": round(value, 3), "threshold": threshold, "holds": bool(ok)})
+
+    if ("full", 1, 1) in at and "vs_hf" in at[("full", 1, 1)]:
+        goal("full depth, batch 1: tokens/s vs transformers generate (end to end)", at[("full", 1, 1)]["vs_hf"],
+             GOALS["vs_hf"])
+    for s in (3, 5):
+        for b in (1, 16):
+            if ("skipdecode", s, b) in at:
+                goal(f"SkipDecode {s}x, batch {b}: efficiency (measured / bound)",
+                     at[("skipdecode", s, b)]["efficiency"], GOALS["efficiency"])
+    speedups = sorted({r["speedup"] for r in rows})
+    for s in speedups:
+        method = "full" if s == 1 else "skipdecode"
+        if (method, s, 1) in at and (method, s, 16) in at:
+            goal(f"{s}x: batch 16 tokens/s / batch 1 tokens/s",
+                 at[(method, s, 16)]["tokens_per_s"] / at[(method, s, 1)]["tokens_per_s"], GOALS["batch_scaling"])
+    for s in speedups:
+        if ("early_exit_peer", s, 16) in at and ("skipdecode", s, 16) in at:
+            goal(f"{s}x, batch 16: SkipDecode tokens/s / early-exit peer tokens/s (equal layers per token)",
+                 at[("skipdecode", s, 16)]["tokens_per_s"] / at[("early_exit_peer", s, 16)]["tokens_per_s"],
+                 GOALS["vs_peer"], strict=True)
+    return out
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "device": "cuda: " + torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+# ---- output ---------------------------------------------------------------------------------------
+COLUMNS = [("method", "method", "{}"), ("speedup", "x", "{:g}"), ("batch_size", "batch", "{}"),
+           ("layers_per_token", "layers", "{:.1f}"), ("ms_per_token", "ms/token", "{:.1f}"),
+           ("tokens_per_s", "tok/s", "{:.1f}"), ("e2e_tokens_per_s", "e2e tok/s", "{:.1f}"),
+           ("measured_speedup", "speedup", "{:.2f}"), ("bound", "bound", "{:.2f}"),
+           ("efficiency", "efficiency", "{:.2f}"), ("hf_generate_tokens_per_s", "HF tok/s", "{:.1f}"),
+           ("vs_hf", "vs HF", "{:.2f}"), ("bleu", "BLEU", "{:.1f}"), ("agreement", "agree", "{:.2f}")]
+
+
+def markdown(rows, goal_rows) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(row[key]) if key in row else "" for key, _, fmt in COLUMNS) + " |")
+    lines.append("")
+    for g in goal_rows:
+        lines.append(f"- {g['goal']}: {g['value']:.2f} (goal {'>' if 'peer' in g['goal'] else '>='} "
+                     f"{g['threshold']:g}): {'holds' if g['holds'] else 'does NOT hold'}")
+    return "\n".join(lines)
+
+
+def write_results(rows, report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    with open(out, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def speed_figure(rows):
+    """Measured decode speedup against the cost-model bound, per batch size (a pure function of the
+    benchmark rows, a list of dicts or a DataFrame; the app's Results tab shows it)."""
+    import plotly.graph_objects as go
+
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
+    figure = go.Figure()
+    bound = sorted({(r["speedup"], r["bound"]) for r in rows if r["method"] in ("full", "skipdecode")})
+    if bound:
+        figure.add_trace(go.Scatter(x=[b[0] for b in bound], y=[b[1] for b in bound], name="cost-model bound",
+                                    mode="lines", line=dict(dash="dash", color="gray")))
+    for method, symbol in (("skipdecode", "circle"), ("early_exit_peer", "x")):
+        for batch in sorted({r["batch_size"] for r in rows}):
+            pts = sorted((r["speedup"], r["measured_speedup"], r["tokens_per_s"]) for r in rows
+                         if r["batch_size"] == batch and (r["method"] == method or
+                                                         (method == "skipdecode" and r["method"] == "full")))
+            if pts:
+                figure.add_trace(go.Scatter(
+                    x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", marker_symbol=symbol,
+                    name=f"{'SkipDecode' if method == 'skipdecode' else 'early-exit peer'}, batch {batch}",
+                    customdata=[p[2] for p in pts],
+                    hovertemplate="target %{x}x: measured %{y:.2f}x, %{customdata:.0f} tokens/s<extra></extra>"))
+    figure.update_layout(title="Decode speedup against full decoding", xaxis_title="target speedup (layers)",
+                         yaxis_title="measured speedup", template="plotly_white", legend_title_text="")
+    return figure
+
+
+# ---- the command ----------------------------------------------------------------------------------
+def _numbers(text: str, kind=float) -> tuple:
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected a comma-separated list of numbers, got {text!r}") from None
+    if not values:
+        raise ValueError("expected at least one value")
+    return values
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from .engine import Engine
+
+    speedups = tuple(int(s) if float(s).is_integer() else s for s in _numbers(args.speedups))
+    batch_sizes = _numbers(args.batch_sizes, int)
+    if any(b < 1 for b in batch_sizes) or any(s < 1 for s in speedups):
+        raise ValueError("batch sizes and speedups must be >= 1")
+    if args.new_tokens < 2 or args.repeats < 1:
+        raise ValueError("--new-tokens must be >= 2 and --repeats >= 1")
+    items = e2e_items(e2e_path(args.data), max(batch_sizes))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    say = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    before = machine()
+    started = time.perf_counter()
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype)
+    rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
+                          hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say)
+    report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
+              "load_average_after": [round(x, 2) for x in os.getloadavg()],
+              "seconds": round(time.perf_counter() - started, 1), "rows": rows, "goals": goal_rows}
+    if args.out:
+        write_results(rows, report, Path(args.out))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{engine.name} on {before['cpu']} ({before['cores']} cores, {before['torch_threads']} threads), "
+              f"load average {before['load_average'][0]} -> {report['load_average_after'][0]}")
+        print(markdown(rows, goal_rows))
+    return 0
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="measure decoding speed against full depth, the bound, transformers "
+                                                "and the per-token early-exit peer")
+    bench.add_argument("--speedups", default="1,2,3,4,5", help="comma-separated (1, full depth, is always run)")
+    bench.add_argument("--batch-sizes", default="1,4,16")
+    bench.add_argument("--new-tokens", type=int, default=64, help="tokens per row; EOS does not stop a run")
+    bench.add_argument("--repeats", type=int, default=5, help="counted rounds after one warm-up round")
+    bench.add_argument("--data", default=None, help=f"E2E test CSV or folder (default: ${E2E_ENV} or ../shared/data/e2e)")
+    bench.add_argument("--model", default=None)
+    bench.add_argument("--device", default="auto")
+    bench.add_argument("--dtype", default="float32", help="float32 (the reported rows), bfloat16 or float16")
+    bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
+    bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")
+    bench.add_argument("--out", default=str(DEFAULT_OUT), help="CSV to write (and .json beside it); '' for none")
+    bench.add_argument("--json", action="store_true", help="print one JSON object (rows, goals, machine)")
+    bench.set_defaults(func=cmd_bench)

@@ -1,0 +1,129 @@
+"""The benchmark's arithmetic and wiring (not its timings: speed is what `skipdecode bench` prints)."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from skipdecode.bench import (CostModel, agreement, bleu, e2e_items, e2e_path, goals, schedule_steps,
+                              speed_figure, trace_steps)
+from skipdecode.schedule import Schedule, for_speedup
+from skipdecode.trace import StepRecord, Trace
+
+# SmolLM2-135M: d 576, 9 query heads and 3 key/value heads of 64, MLP 1536, vocabulary 49,152 (tied head).
+D, Q, KV, FF, V = 576, 9 * 64, 3 * 64, 1536, 49152
+LAYER = 2 * D + D * (Q + 2 * KV) + Q * D + D * 2 * FF + FF * D
+HEAD = V * D + D
+
+
+def test_cost_model_counts_the_default_models_weights(engine):
+    cost = CostModel.of(engine.decoder)
+    assert cost == CostModel(embedding=D, layer=LAYER, kv_only=D + D * 2 * KV, head=HEAD, attention_width=Q)
+    whole = D + 30 * LAYER + HEAD
+    assert 0.19 < HEAD / whole < 0.23  # the head is about a fifth of a token's weights
+
+
+def test_bound_of_known_schedules():
+    cost = CostModel(embedding=D, layer=LAYER, kv_only=D + D * 2 * KV, head=HEAD, attention_width=Q)
+    full = Schedule.full(30)
+    assert cost.bound(30, 40, schedule_steps(full, 10)) == 1.0
+    # budget 10 at every step, prompt of 40 columns, 2 steps: contexts 41 and 42
+    ten = Schedule(30, 10, 10, warmup=2, horizon=1)
+    work = lambda layers, ctx: D + layers * (LAYER + 2 * Q * ctx) + HEAD  # noqa: E731
+    want = (work(30, 41) + work(30, 42)) / (work(10, 41) + work(10, 42))
+    assert cost.bound(30, 40, schedule_steps(ten, 2, rows=4)) == pytest.approx(want)
+    assert 2.0 < want < 2.2  # a third of the layers is far from 3x: the head stays
+    # the nominal 5x schedule is bounded well below 5
+    five = for_speedup(5, 30, horizon=64)
+    assert 2.5 < cost.bound(30, 40, schedule_steps(five, 63)) < 3.0
+    # without a head or embedding (and no attention), the bound is the layer ratio
+    bare = CostModel(embedding=0, layer=LAYER, kv_only=0, head=0, attention_width=0)
+    assert bare.bound(30, 40, schedule_steps(ten, 5)) == pytest.approx(3.0)
+
+
+def test_peer_work_counts_the_copied_keys_and_values():
+    trace = Trace(30, 2, 40, {})
+    trace.steps.append(StepRecord(0, 30, tuple(range(30)), (), 1.0, 2))
+    from skipdecode.peers import ExitRecord
+
+    trace.steps[0] = ExitRecord(0, 12, tuple(range(12)), tuple(range(12, 30)), 1.0, 2, exits=(5, 12))
+    assert trace_steps(trace) == [[(5, 25, 1), (12, 18, 1)]]
+    assert trace_steps(trace, heads_per_layer=True) == [[(5, 25, 5), (12, 18, 12)]]
+    cost = CostModel(embedding=D, layer=LAYER, kv_only=D + D * 2 * KV, head=HEAD, attention_width=Q)
+    peer = cost.bound(30, 40, trace_steps(trace))
+    no_copy = cost.bound(30, 40, [[(5, 0, 1), (12, 0, 1)]])
+    assert 1 < peer < no_copy
+
+
+def test_e2e_items_group_references(tmp_path):
+    data = tmp_path / "e2e.csv"
+    data.write_text('mr,ref\n"name[A]","A one."\n"name[A]","A two."\n"name[B]","B."\n"name[C]","C."\n')
+    assert e2e_items(data, 2) == [("name[A]", ["A one.", "A two."]), ("name[B]", ["B."])]
+    assert e2e_path(tmp_path / "e2e.csv") == data
+    with pytest.raises(ValueError, match="distinct"):
+        e2e_items(data, 5)
+    with pytest.raises(ValueError, match="not found"):
+        e2e_path(tmp_path / "missing")
+
+
+def test_quality_measures():
+    assert bleu(["the cat sat on the mat"], [["the cat sat on the mat", "a cat"]]) == pytest.approx(100)
+    assert bleu(["x y z"], [["the cat sat on the mat"]]) < 1
+    # the full output is cut at its EOS (2): 3 of its 4 tokens reproduced
+    assert agreement([[5, 6, 9, 2, 7]], [[5, 6, 7, 2, 8, 8]], eos_ids=[2]) == 0.75
+
+
+def test_goals_are_ratios_against_thresholds():
+    rows = [
+        {"method": "full", "speedup": 1, "batch_size": 1, "tokens_per_s": 50, "vs_hf": 2.0},
+        {"method": "full", "speedup": 1, "batch_size": 16, "tokens_per_s": 250},
+        {"method": "skipdecode", "speedup": 3, "batch_size": 1, "tokens_per_s": 100, "efficiency": 0.95},
+        {"method": "skipdecode", "speedup": 3, "batch_size": 16, "tokens_per_s": 700, "efficiency": 0.85},
+        {"method": "early_exit_peer", "speedup": 3, "batch_size": 16, "tokens_per_s": 300},
+    ]
+    got = {g["goal"]: (g["value"], g["holds"]) for g in goals(rows)}
+    assert got["full depth, batch 1: tokens/s vs transformers generate (end to end)"] == (2.0, True)
+    assert got["SkipDecode 3x, batch 1: efficiency (measured / bound)"] == (0.95, True)
+    assert got["SkipDecode 3x, batch 16: efficiency (measured / bound)"] == (0.85, False)
+    assert got["1x: batch 16 tokens/s / batch 1 tokens/s"] == (5.0, False)
+    assert got["3x: batch 16 tokens/s / batch 1 tokens/s"] == (7.0, True)
+    assert got["3x, batch 16: SkipDecode tokens/s / early-exit peer tokens/s (equal layers per token)"][1]
+
+
+def test_speed_figure_is_built_from_rows():
+    rows = [{"method": m, "speedup": s, "batch_size": b, "measured_speedup": s * 0.6, "bound": s * 0.65,
+             "tokens_per_s": 10.0 * b} for m, s in (("full", 1), ("skipdecode", 3), ("early_exit_peer", 3))
+            for b in (1, 16)]
+    figure = speed_figure(rows)
+    names = [t.name for t in figure.data]
+    assert names == ["cost-model bound", "SkipDecode, batch 1", "SkipDecode, batch 16", "early-exit peer, batch 1",
+                     "early-exit peer, batch 16"]
+    assert list(figure.data[1].x) == [1, 3] and list(figure.data[0].y) == pytest.approx([0.65, 1.95])
+
+
+def test_bench_command_writes_documented_rows(tmp_path):
+    out = tmp_path / "bench.csv"
+    done = subprocess.run([sys.executable, "-m", "skipdecode", "bench", "--speedups", "2", "--batch-sizes", "1,2",
+                           "--new-tokens", "4", "--repeats", "1", "--json", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = report["rows"]
+    assert [(r["method"], r["speedup"], r["batch_size"]) for r in rows] == [
+        ("full", 1, 1), ("full", 1, 2), ("skipdecode", 2, 1), ("skipdecode", 2, 2),
+        ("early_exit_peer", 2, 1), ("early_exit_peer", 2, 2)]
+    required = {"speedup", "batch_size", "ms_per_token", "tokens_per_s", "measured_speedup", "bound", "efficiency"}
+    for row in rows:
+        assert required <= set(row) and row["ms_per_token"] > 0 and row["tokens_per_s"] > 0
+        assert row["efficiency"] == pytest.approx(row["measured_speedup"] / row["bound"], abs=0.002)
+        assert ("hf_generate_tokens_per_s" in row) == (row["speedup"] == 1)
+    full = rows[0]
+    assert full["bound"] == 1.0 and full["measured_speedup"] == 1.0 and full["hf_same_tokens"] is True
+    assert rows[2]["bound"] > 1 and rows[2]["layers_per_token"] < 30
+    assert report["goals"] and report["machine"]["cores"] >= 1
+    with open(out, newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [float(r["bound"]) for r in written] == [r["bound"] for r in rows]
+    assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
