@@ -29,41 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-E2E_ENV = "SKIPDECODE_E2E_DIR"
+from .data import E2E_ENV, read_items, resolve
+
 E2E_TEST = "testset_w_refs.csv"
 DEFAULT_OUT = Path("assets") / "results" / "bench.csv"
-E2E_INSTRUCTION = "Describe this restaurant in one sentence."
 GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0}
-
-
-# ---- prompts ------------------------------------------------------------------------------------
-def e2e_path(data: str | os.PathLike | None = None) -> Path:
-    """The E2E test CSV: `data` (a file or folder), else $SKIPDECODE_E2E_DIR, else ../shared/data/e2e."""
-    where = Path(data or os.environ.get(E2E_ENV) or REPO.parent / "shared" / "data" / "e2e")
-    path = where / E2E_TEST if where.is_dir() else where
-    if not path.is_file():
-        raise ValueError(f"E2E test set not found at {path}: pass --data or set {E2E_ENV}")
-    return path
-
-
-def e2e_items(path: Path, limit: int) -> list[tuple[str, list[str]]]:
-    """The first `limit` distinct meaning representations, in file order, with all their references."""
-    refs: dict[str, list[str]] = {}
-    with open(path, newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            if "mr" not in row or "ref" not in row:
-                raise ValueError(f"{path} needs the columns mr and ref")
-            if row["mr"] not in refs and len(refs) == limit:
-                break
-            refs.setdefault(row["mr"], []).append(row["ref"])
-    if len(refs) < limit:
-        raise ValueError(f"{path} holds {len(refs)} distinct MRs; {limit} are needed")
-    return list(refs.items())
-
-
-def e2e_prompt(mr: str) -> str:
-    return f"{mr}. {E2E_INSTRUCTION}"
 
 
 # ---- the cost model -----------------------------------------------------------------------------
@@ -176,18 +146,10 @@ def agreement(ids: list[list[int]], full: list[list[int]], eos_ids) -> float:
     return same / total if total else 0.0
 
 
-def bleu(texts: list[str], references: list[list[str]]) -> float:
-    import sacrebleu
-
-    streams = max(len(r) for r in references)
-    padded = [[r[i] if i < len(r) else None for r in references] for i in range(streams)]
-    return sacrebleu.corpus_bleu(texts, padded).score
-
-
 # ---- the run --------------------------------------------------------------------------------------
 def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tokens=64, repeats=5,
         warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None):
-    """All cases of one benchmark; returns (rows, goals). `items`: (mr, references) pairs, at least as
+    """All cases of one benchmark; returns (rows, goals). `items`: E2E items (data.Item), at least as
     many as the largest batch; a batch of B takes the first B."""
     from .peers import calibrate
     from .schedule import Schedule, for_speedup
@@ -196,7 +158,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
     L = engine.num_layers
     if 1 not in speedups:
         speedups = (1, *speedups)  # every measured speedup is against full decoding in the same run
-    ids = [engine.encode(e2e_prompt(mr)) for mr, _ in items]
+    ids = [engine.encode(item.prompt) for item in items]
     schedules = {s: Schedule.full(L) if s == 1 else for_speedup(s, L, horizon=new_tokens) for s in speedups}
     cases = [Case("full" if s == 1 else "skipdecode", s, b, schedules[s]) for s in speedups for b in batch_sizes]
     if peer:
@@ -228,6 +190,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
 
 
 def summarize(engine, items, ids, cases, new_tokens, peer_measure):
+    from .evaluate import score
     from .peers import average_token_layers
 
     cost = CostModel.of(engine.decoder)
@@ -269,7 +232,7 @@ def summarize(engine, items, ids, cases, new_tokens, peer_measure):
             "e2e_ms_per_token": round(total / new_tokens, 3), "e2e_tokens_per_s": round(1000 * B * new_tokens / total, 2),
             "measured_speedup": round(base_ms / ms, 3), "e2e_speedup": round(base_total / total, 3),
             "bound": round(bound, 3), "efficiency": round(base_ms / ms / bound, 3),
-            "bleu": round(bleu(texts, [refs for _, refs in items[: len(texts)]]), 2),
+            **{metric: round(value, 2) for metric, value in score(items[: len(texts)], texts).items()},
             "agreement": round(agreement(scored.token_ids, reference, eos), 4), "quality_prompts": len(texts),
         }
         if case.method == "early_exit_peer":
@@ -343,7 +306,8 @@ COLUMNS = [("method", "method", "{}"), ("speedup", "x", "{:g}"), ("batch_size", 
            ("tokens_per_s", "tok/s", "{:.1f}"), ("e2e_tokens_per_s", "e2e tok/s", "{:.1f}"),
            ("measured_speedup", "speedup", "{:.2f}"), ("bound", "bound", "{:.2f}"),
            ("efficiency", "efficiency", "{:.2f}"), ("hf_generate_tokens_per_s", "HF tok/s", "{:.1f}"),
-           ("vs_hf", "vs HF", "{:.2f}"), ("bleu", "BLEU", "{:.1f}"), ("agreement", "agree", "{:.2f}")]
+           ("vs_hf", "vs HF", "{:.2f}"), ("bleu", "BLEU", "{:.1f}"), ("ser", "SER %", "{:.1f}"),
+           ("agreement", "agree", "{:.2f}")]
 
 
 def markdown(rows, goal_rows) -> str:
@@ -417,13 +381,19 @@ def cmd_bench(args) -> int:
         raise ValueError("batch sizes and speedups must be >= 1")
     if args.new_tokens < 2 or args.repeats < 1:
         raise ValueError("--new-tokens must be >= 2 and --repeats >= 1")
-    items = e2e_items(e2e_path(args.data), max(batch_sizes))
+    try:
+        items = read_items(resolve(args.data, E2E_TEST))
+    except FileNotFoundError as error:
+        raise ValueError(str(error)) from None
+    if len(items) < max(batch_sizes):
+        raise ValueError(f"the E2E file holds {len(items)} distinct MRs; the largest batch needs {max(batch_sizes)}")
+    items = items[: max(batch_sizes)]
     if args.threads:
         torch.set_num_threads(args.threads)
     say = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     before = machine()
     started = time.perf_counter()
-    engine = Engine.load(args.model, device=args.device, dtype=args.dtype)
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=args.adapter)
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
@@ -449,6 +419,8 @@ def register(subparsers) -> None:
     bench.add_argument("--repeats", type=int, default=5, help="counted rounds after one warm-up round")
     bench.add_argument("--data", default=None, help=f"E2E test CSV or folder (default: ${E2E_ENV} or ../shared/data/e2e)")
     bench.add_argument("--model", default=None)
+    bench.add_argument("--adapter", default=None, help="LoRA adapter merged for every row (speed is unchanged; "
+                                                       "the quality columns follow it)")
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="float32", help="float32 (the reported rows), bfloat16 or float16")
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")

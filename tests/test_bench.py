@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from skipdecode.bench import (CostModel, agreement, bleu, e2e_items, e2e_path, goals, schedule_steps,
-                              speed_figure, trace_steps)
+from skipdecode.bench import CostModel, agreement, goals, schedule_steps, speed_figure, trace_steps
 from skipdecode.schedule import Schedule, for_speedup
 from skipdecode.trace import StepRecord, Trace
 
@@ -57,22 +56,10 @@ def test_peer_work_counts_the_copied_keys_and_values():
     assert 1 < peer < no_copy
 
 
-def test_e2e_items_group_references(tmp_path):
-    data = tmp_path / "e2e.csv"
-    data.write_text('mr,ref\n"name[A]","A one."\n"name[A]","A two."\n"name[B]","B."\n"name[C]","C."\n')
-    assert e2e_items(data, 2) == [("name[A]", ["A one.", "A two."]), ("name[B]", ["B."])]
-    assert e2e_path(tmp_path / "e2e.csv") == data
-    with pytest.raises(ValueError, match="distinct"):
-        e2e_items(data, 5)
-    with pytest.raises(ValueError, match="not found"):
-        e2e_path(tmp_path / "missing")
-
-
-def test_quality_measures():
-    assert bleu(["the cat sat on the mat"], [["the cat sat on the mat", "a cat"]]) == pytest.approx(100)
-    assert bleu(["x y z"], [["the cat sat on the mat"]]) < 1
+def test_agreement_counts_full_outputs_tokens_up_to_eos():
     # the full output is cut at its EOS (2): 3 of its 4 tokens reproduced
     assert agreement([[5, 6, 9, 2, 7]], [[5, 6, 7, 2, 8, 8]], eos_ids=[2]) == 0.75
+    assert agreement([[1, 2], [3]], [[1, 2], [4]], eos_ids=[2]) == pytest.approx(2 / 3)
 
 
 def test_goals_are_ratios_against_thresholds():
@@ -123,7 +110,14 @@ def test_bench_command_writes_documented_rows(tmp_path):
     assert full["bound"] == 1.0 and full["measured_speedup"] == 1.0 and full["hf_same_tokens"] is True
     assert rows[2]["bound"] > 1 and rows[2]["layers_per_token"] < 30
     assert report["goals"] and report["machine"]["cores"] >= 1
+    assert {"bleu", "rouge_l", "chrf", "ser", "agreement"} <= set(full) and full["agreement"] == 1.0
     with open(out, newline="") as handle:
         written = list(csv.DictReader(handle))
     assert [float(r["bound"]) for r in written] == [r["bound"] for r in rows]
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
+
+
+def test_bench_missing_data_is_a_clear_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "skipdecode", "bench", "--data", str(tmp_path / "nowhere.csv")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "E2E file not found" in done.stderr and "Traceback" not in done.stderr
