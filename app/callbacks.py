@@ -1,0 +1,170 @@
+"""What each button does: plain functions from the widgets' values to the widgets' new values.
+
+They validate, call the studio, and turn its results into page content with `views` and `plots`.
+A ValueError (bad input) or TimeoutError (time limit) becomes a gr.Error: the person sees the message,
+the server stays up, and no stack trace or local path reaches the browser.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import gradio as gr
+import pandas as pd
+
+from skipdecode.schedule import max_speedup
+
+from . import plots, views
+from .results import load_table
+from .studio import Settings, Studio
+
+PLOT_EVERY_S = 0.6  # plots redraw at most this often while tokens stream (the text updates every token)
+
+
+@contextmanager
+def user_errors():
+    """Bad input and time limits as messages for the person, not tracebacks."""
+    try:
+        yield
+    except (ValueError, TimeoutError) as error:
+        raise gr.Error(str(error), print_exception=False) from None
+
+
+def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, top_p=0.9, top_k=0, seed=0,
+                  manual=False, max_budget=20, min_budget=6, warmup=2, horizon=0, decay="linear",
+                  mode="skip") -> Settings:
+    return Settings(speedup=speedup, max_new_tokens=max_new_tokens, manual_budgets=bool(manual),
+                    max_budget=max_budget, min_budget=min_budget, warmup=warmup, horizon=horizon or 0,
+                    decay=decay, mode=mode, sampling=decoding == "sampling", temperature=temperature,
+                    top_p=top_p, top_k=top_k or 0, seed=seed if seed is not None else 0)
+
+
+class Callbacks:
+    def __init__(self, studio: Studio):
+        self.studio = studio
+
+    # ---- Compare ----------------------------------------------------------------------------
+    def preview(self, model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode):
+        """The schedule the settings describe, before anything runs (no model call)."""
+        engine = self.studio.engine()  # every configured model shares the base's layers
+        settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
+                                 min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay, mode=mode)
+        try:
+            schedule = settings.schedule(engine.num_layers, self.studio.choice(model, speedup).horizon)
+        except ValueError as error:
+            return plots.empty_figure(f"Invalid schedule: {error}"), f"⚠️ {error}"
+        steps = max(int(settings.max_new_tokens) - 1, 1)
+        frame = views.scheduled_frame(schedule, steps)
+        average = frame["budget"].mean()
+        limit = max_speedup(engine.num_layers, schedule.warmup)
+        note = (f"Average **{average:.1f} of {engine.num_layers} layers** per generated token over "
+                f"{steps} positions: {engine.num_layers / average:.2f}× fewer layers "
+                f"(this warm-up allows up to {limit:.0f}×).")
+        return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
+
+    def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
+                manual, max_budget, min_budget, warmup, horizon, decay, mode):
+        settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
+                                 max_budget, min_budget, warmup, horizon, decay, mode)
+        with user_errors():
+            drawn = 0.0
+            for comparison in self.studio.compare(prompt, settings, model):
+                outputs = self._compare_outputs(comparison, self.studio.engine(comparison.model).tokenizer)
+                now = time.monotonic()
+                if now - drawn >= PLOT_EVERY_S or comparison.quality is not None:
+                    drawn = now
+                    yield outputs + list(views.compare_figures(comparison))
+                else:
+                    yield outputs + [gr.skip()] * 3
+
+    def _compare_outputs(self, comparison, tokenizer) -> list:
+        running = comparison.quality is None
+        sides = []
+        for update in (comparison.skip, comparison.full):
+            if update is None:
+                sides.append(views.EMPTY_OUTPUT)
+                continue
+            pieces = views.token_pieces(tokenizer, update.token_ids)
+            sides.append(views.tokens_html(pieces, views.token_layers(update, comparison.num_layers),
+                                           comparison.num_layers, streaming=running and not update.finished))
+        return [views.status_markdown(comparison, running), *sides, views.metrics_html(comparison),
+                views.quality_html(comparison), comparison if not running else gr.skip()]
+
+    def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48) -> dict:
+        """Run SkipDecode (greedy, the default schedule for `speedup`) and full decoding on `prompt`.
+        Returns both outputs, both traces (steps with budget, layers and ms) and the quality scores."""
+        with user_errors():
+            final = None
+            for final in self.studio.compare(prompt, Settings(speedup=speedup, max_new_tokens=max_new_tokens)):
+                pass
+            return final.to_dict()
+
+    # ---- KV cache ---------------------------------------------------------------------------
+    def kv_cache(self, comparison):
+        if comparison is None:
+            raise gr.Error("Run a comparison on the Compare tab first; this view explains its KV cache.")
+        with user_errors():
+            exits = self.studio.exit_layers(comparison)
+        panels = views.cache_panels(comparison, exits)
+        figure = plots.kv_cache_figure(panels, comparison.skip.trace.prompt_tokens)
+        holes = [int((states == 2).sum()) for _, states in panels]
+        generated = panels[0][1].shape[1] - comparison.skip.trace.prompt_tokens
+        note = (f"{generated} generated positions of the last comparison. SkipDecode: **{holes[0]} holes** "
+                f"(its budgets never grow, so every layer holds a complete prefix; the engine's cache lengths "
+                f"per layer were {_spans(comparison.skip.trace.cache_lengths)}). Per-token early exit at the "
+                f"depth where the full model's own prediction is already settled (an oracle, the best case of "
+                f"CALM-style exits): **{holes[1]} holes**, each to be recomputed or filled by copying.")
+        return figure, note
+
+    # ---- Batch ------------------------------------------------------------------------------
+    def batch(self, prompts_text, model, speedup, max_new_tokens):
+        prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
+        with user_errors():
+            engine = self.studio.engine()
+            drawn = 0.0
+            for run in self.studio.batch(prompts, Settings(speedup=speedup, max_new_tokens=max_new_tokens), model):
+                now = time.monotonic()
+                figure = gr.skip()
+                if now - drawn >= PLOT_EVERY_S or run.done:
+                    drawn = now
+                    cells = views.batch_cells(run)
+                    figure = (plots.batch_budget_figure(cells, engine.num_layers) if len(cells)
+                              else plots.empty_figure("Waiting for the first positions…"))
+                yield views.batch_status(run), views.batch_table(run), figure
+
+    def throughput(self, prompts_text, model, speedup, max_new_tokens):
+        prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
+        with user_errors():
+            table = self.studio.throughput(prompts, Settings(speedup=speedup, max_new_tokens=max_new_tokens), model)
+        return plots.throughput_figure(table), table
+
+    # ---- Results ----------------------------------------------------------------------------
+    def results(self):
+        """Each table with its plot when the file exists; otherwise only the message saying it is missing."""
+        shown = []
+        pairs = ((load_table("e2e"), plots.quality_speed_figure), (load_table("bench"), plots.bench_figure))
+        for table, figure in pairs:
+            present = table.frame is not None
+            shown += [table.message,
+                      gr.Dataframe(table.frame if present else pd.DataFrame(), visible=present),
+                      gr.Plot(_safe_figure(figure, table.frame) if present else None, visible=present)]
+        return tuple(shown)
+
+
+def _safe_figure(build, frame):
+    try:
+        return build(frame)
+    except ValueError as error:  # a table from a newer benchmark with other columns
+        return plots.empty_figure(str(error))
+
+
+def _spans(lengths: list[int]) -> str:
+    """[80, 80, 60, 60, 60] -> '80 (layers 0-1), 60 (layers 2-4)'"""
+    out, start = [], 0
+    for i in range(1, len(lengths) + 1):
+        if i == len(lengths) or lengths[i] != lengths[start]:
+            layers = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            out.append(f"{lengths[start]} (layers {layers})")
+            start = i
+    return ", ".join(out)

@@ -1,0 +1,269 @@
+"""Plotly figures, each a pure function of pandas DataFrames (traces, schedules, results tables).
+
+No model, no server, no Gradio: tests build these from hand-made frames. The frames are the ones the
+library produces (`Trace.to_frame()`: step, budget, layers, skipped, ms, rows, cumulative_ms) or small
+tables built from them in `app/views.py`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+# One palette for the whole app: SkipDecode is indigo, full decoding is amber, warm-up is sky blue.
+SKIP = "#4f46e5"
+FULL = "#d97706"
+WARMUP = "#38bdf8"
+PROMPT = "#cbd5e1"
+SKIPPED = "#f1f5f9"
+HOLE = "#dc2626"
+SERIES = ["#4f46e5", "#d97706", "#059669", "#db2777", "#0891b2", "#7c3aed", "#65a30d", "#475569"]
+FONT = dict(family="Inter, ui-sans-serif, system-ui, -apple-system, Segoe UI, sans-serif", size=13, color="#1e293b")
+
+
+def _style(fig: go.Figure, title: str, height: int = 340, legend: bool = True) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, xanchor="left", y=0.97, font=dict(size=15)),
+        template="plotly_white", font=FONT, height=height, margin=dict(l=56, r=20, t=76, b=48),
+        showlegend=legend, hovermode="closest",
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.0, xanchor="left", bgcolor="rgba(0,0,0,0)"),
+        plot_bgcolor="white", paper_bgcolor="white",
+    )
+    fig.update_xaxes(showline=True, linecolor="#cbd5e1", gridcolor="#f1f5f9", zeroline=False)
+    fig.update_yaxes(showline=True, linecolor="#cbd5e1", gridcolor="#f1f5f9", zeroline=False)
+    return fig
+
+
+def _require(frame: pd.DataFrame, columns, what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what} needs columns {', '.join(missing)}")
+
+
+def empty_figure(message: str, height: int = 300) -> go.Figure:
+    """A blank figure that says why it is blank."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#64748b"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _style(fig, "", height=height, legend=False)
+
+
+# ---- Compare tab --------------------------------------------------------------------------------
+def budget_figure(run: pd.DataFrame, scheduled: pd.DataFrame, num_layers: int) -> go.Figure:
+    """Layers per generated position: the schedule's b(s) (line) and what each position ran (markers)."""
+    _require(run, ["step", "budget"], "the run")
+    _require(scheduled, ["step", "budget"], "the schedule")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=scheduled["step"], y=[num_layers] * len(scheduled), name="full decoding",
+                             mode="lines", line=dict(color=FULL, width=2, dash="dash"),
+                             hovertemplate="full decoding: %{y} layers<extra></extra>"))
+    fig.add_trace(go.Scatter(x=scheduled["step"], y=scheduled["budget"], name="scheduled b(s)", mode="lines",
+                             line=dict(color="#a5b4fc", width=3, shape="hv"),
+                             hovertemplate="position %{x}: %{y} layers scheduled<extra></extra>"))
+    fig.add_trace(go.Scatter(x=run["step"], y=run["budget"], name="SkipDecode ran", mode="markers",
+                             marker=dict(color=SKIP, size=7, line=dict(color="white", width=1)),
+                             hovertemplate="position %{x}: ran %{y} layers<extra></extra>"))
+    fig.update_yaxes(title="layers run", range=[0, num_layers + 1.5])
+    fig.update_xaxes(title="generated position s")
+    return _style(fig, "Layer budget per position")
+
+
+def layer_states(run: pd.DataFrame, num_layers: int, prompt_tokens: int, warmup: int) -> np.ndarray:
+    """[layer, position] codes, prompt included: 0 skipped, 1 warm-up, 2 run, 3 prompt (prefill, all layers).
+
+    Warm-up layers are the bottom `warmup` layers when they run; every other layer a position ran is "run"."""
+    _require(run, ["layers"], "the run")
+    grid = np.zeros((num_layers, prompt_tokens + len(run)), dtype=int)
+    grid[:, :prompt_tokens] = 3
+    for column, layers in enumerate(run["layers"], start=prompt_tokens):
+        for layer in layers:
+            grid[layer, column] = 1 if layer < warmup else 2
+    return grid
+
+
+LAYER_STATES = [("skipped", SKIPPED), ("warm-up", WARMUP), ("run", SKIP), ("prompt (prefill)", PROMPT)]
+
+
+def _category_heatmap(fig, grid, categories, x, y, hover, row=None, col=None, legend=True):
+    """A heat map of integer codes with one legend entry per category (no colour bar)."""
+    n = len(categories)
+    scale = []
+    for code, (_, colour) in enumerate(categories):
+        scale += [[code / n, colour], [(code + 1) / n, colour]]
+    fig.add_trace(go.Heatmap(z=grid, x=x, y=y, zmin=-0.5, zmax=n - 0.5, colorscale=scale, showscale=False,
+                             customdata=np.array([[categories[c][0] for c in r] for r in grid]),
+                             hovertemplate=hover, xgap=0.5, ygap=0.5), row=row, col=col)
+    if legend:
+        for name, colour in categories:
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                     marker=dict(symbol="square", size=12, color=colour,
+                                                 line=dict(color="#cbd5e1", width=1))), row=row, col=col)
+
+
+def layer_map_figure(run: pd.DataFrame, num_layers: int, prompt_tokens: int, warmup: int) -> go.Figure:
+    """Layers x positions: what ran where. The prompt runs every layer once (prefill); each generated
+    position runs the warm-up layers and the top of the stack."""
+    grid = layer_states(run, num_layers, prompt_tokens, warmup)
+    positions = np.arange(grid.shape[1])
+    fig = go.Figure()
+    _category_heatmap(fig, grid, LAYER_STATES, positions, np.arange(num_layers),
+                      "position %{x}, layer %{y}: %{customdata}<extra></extra>")
+    if prompt_tokens and len(run):
+        fig.add_vline(x=prompt_tokens - 0.5, line=dict(color="#334155", width=1.5, dash="dot"))
+        fig.add_annotation(x=prompt_tokens - 0.5, y=num_layers - 0.5, text="generation starts", showarrow=False,
+                           xanchor="left", yanchor="bottom", xshift=4, font=dict(size=11, color="#334155"))
+    fig.update_xaxes(title="sequence position (prompt, then generated tokens)", showgrid=False)
+    fig.update_yaxes(title="layer (0 = bottom)", showgrid=False, range=[-0.5, num_layers + 0.5])
+    return _style(fig, "Layers run at every position", height=360)
+
+
+def latency_figure(skip: pd.DataFrame, full: pd.DataFrame) -> go.Figure:
+    """Per-token and cumulative latency of both runs (cumulative includes the prefill)."""
+    for frame, name in ((skip, "the SkipDecode run"), (full, "the full run")):
+        _require(frame, ["step", "ms", "cumulative_ms"], name)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14)
+    for frame, name, colour in ((full, "full decoding", FULL), (skip, "SkipDecode", SKIP)):
+        fig.add_trace(go.Scatter(x=frame["step"], y=frame["ms"], name=name, mode="lines",
+                                 line=dict(color=colour, width=2), legendgroup=name,
+                                 hovertemplate=name + ", position %{x}: %{y:.1f} ms<extra></extra>"), 1, 1)
+        fig.add_trace(go.Scatter(x=frame["step"], y=frame["cumulative_ms"], name=name, mode="lines",
+                                 line=dict(color=colour, width=2), legendgroup=name, showlegend=False,
+                                 hovertemplate=name + ", position %{x}: %{y:.0f} ms so far<extra></extra>"), 1, 2)
+    fig.update_xaxes(title="generated position s")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title="ms per token", row=1, col=1)
+    fig.update_yaxes(title="cumulative ms (with prefill)", row=1, col=2)
+    return _style(fig, "Latency of both runs")
+
+
+# ---- KV cache tab -------------------------------------------------------------------------------
+def holdings(layers_per_position: list, num_layers: int) -> np.ndarray:
+    """[layer, position] booleans: whether the layer computed (and so holds) that position's keys/values."""
+    held = np.zeros((num_layers, len(layers_per_position)), dtype=bool)
+    for position, layers in enumerate(layers_per_position):
+        held[list(layers), position] = True
+    return held
+
+
+def cache_states(held: np.ndarray) -> np.ndarray:
+    """[layer, position] codes: 0 not computed and never needed, 1 held, 2 hole.
+
+    A hole is an entry a layer never computed although a LATER position runs that layer and attends to
+    it: it must be recomputed, or approximated by copying a lower layer's state."""
+    later = np.zeros_like(held)
+    later[:, :-1] = np.flip(np.logical_or.accumulate(np.flip(held[:, 1:], axis=1), axis=1), axis=1)
+    return np.where(held, 1, np.where(later, 2, 0))
+
+
+CACHE_STATES = [("not needed", SKIPPED), ("held in the KV cache", SKIP), ("hole: needed later, never computed", HOLE)]
+
+
+def kv_cache_figure(panels: list[tuple[str, np.ndarray]], prompt_tokens: int) -> go.Figure:
+    """One heat map of cache states per method, stacked on the same axes."""
+    if not panels:
+        raise ValueError("no cache to draw")
+    titles = []
+    for name, states in panels:
+        holes = int((states == 2).sum())
+        titles.append(f"{name}: {holes} hole{'s' if holes != 1 else ''}")
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=titles)
+    for index, (name, states) in enumerate(panels, start=1):
+        num_layers, width = states.shape
+        _category_heatmap(fig, states, CACHE_STATES, np.arange(width), np.arange(num_layers),
+                          "position %{x}, layer %{y}: %{customdata}<extra></extra>", row=index, col=1,
+                          legend=index == 1)
+        fig.update_yaxes(title="layer", showgrid=False, row=index, col=1)
+        if 0 < prompt_tokens < width:
+            fig.add_vline(x=prompt_tokens - 0.5, line=dict(color="#334155", width=1.5, dash="dot"), row=index, col=1)
+    fig.update_xaxes(showgrid=False)
+    fig.update_xaxes(title="sequence position (prompt, then generated tokens)", row=len(panels), col=1)
+    fig.update_annotations(font=dict(size=13, color="#1e293b"))
+    _style(fig, "Which positions each layer holds", height=260 + 250 * len(panels))
+    fig.update_layout(margin=dict(t=118), legend=dict(y=1.0 + 36 / (250 * len(panels))))
+    return fig
+
+
+# ---- Batch tab ----------------------------------------------------------------------------------
+def batch_budget_figure(cells: pd.DataFrame, num_layers: int) -> go.Figure:
+    """Rows x positions of one batch, coloured by the budget every row shares at that position; blank
+    where a row had already finished (and was compacted away)."""
+    _require(cells, ["row", "step", "budget"], "the batch cells")
+    rows = sorted(cells["row"].unique())
+    steps = int(cells["step"].max()) + 1 if len(cells) else 0
+    grid = np.full((len(rows), steps), np.nan)
+    for cell in cells.itertuples():
+        grid[rows.index(cell.row), cell.step] = cell.budget
+    fig = go.Figure(go.Heatmap(
+        z=grid, x=np.arange(steps), y=[f"row {r}" for r in rows], zmin=0, zmax=num_layers, xgap=1, ygap=2,
+        colorscale=[[0, "#e0e7ff"], [1, SKIP]], colorbar=dict(title=dict(text="layers"), thickness=12),
+        hovertemplate="%{y}, position %{x}: %{z} layers<extra></extra>"))
+    fig.update_xaxes(title="generated position s", showgrid=False)
+    fig.update_yaxes(autorange="reversed", showgrid=False)
+    return _style(fig, "One budget per position, shared by every row", height=180 + 28 * len(rows), legend=False)
+
+
+def throughput_figure(points: pd.DataFrame) -> go.Figure:
+    """Decode tokens per second against batch size, one line per method."""
+    _require(points, ["batch_size", "method", "tokens_per_s"], "the throughput table")
+    fig = go.Figure()
+    colours = {"SkipDecode": SKIP, "full decoding": FULL}
+    for index, (method, group) in enumerate(points.groupby("method", sort=False)):
+        group = group.sort_values("batch_size")
+        fig.add_trace(go.Scatter(x=group["batch_size"], y=group["tokens_per_s"], name=method, mode="lines+markers",
+                                 line=dict(color=colours.get(method, SERIES[index % len(SERIES)]), width=2),
+                                 marker=dict(size=8),
+                                 hovertemplate=method + ", batch %{x}: %{y:.0f} tokens/s<extra></extra>"))
+    fig.update_xaxes(title="batch size (rows)", type="log", dtick=np.log10(2), tickformat="d")
+    fig.update_yaxes(title="decode tokens per second", rangemode="tozero")
+    return _style(fig, "Throughput against batch size")
+
+
+# ---- Results tab --------------------------------------------------------------------------------
+def quality_speed_figure(e2e: pd.DataFrame, metric: str = "bleu") -> go.Figure:
+    """E2E quality against decode speedup, one line per model/adapter (x: measured speedup when the
+    table has it, else the target)."""
+    _require(e2e, ["speedup", metric], "the E2E table")
+    x = "decode_speedup" if "decode_speedup" in e2e.columns and e2e["decode_speedup"].notna().all() else "speedup"
+    key = [c for c in ("model", "adapter") if c in e2e.columns]
+    fig = go.Figure()
+    groups = e2e.groupby(key, sort=False, dropna=False) if key else [((), e2e)]
+    for index, (name, group) in enumerate(groups):
+        label = " + ".join(str(n) for n in (name if isinstance(name, tuple) else (name,))
+                           if n is not None and str(n) not in ("", "nan", "None")) or "model"
+        group = group.sort_values(x)
+        fig.add_trace(go.Scatter(x=group[x], y=group[metric], name=label, mode="lines+markers",
+                                 line=dict(color=SERIES[index % len(SERIES)], width=2), marker=dict(size=8),
+                                 hovertemplate=label + ": %{x:.2f}x, " + metric + " %{y:.2f}<extra></extra>"))
+    fig.update_xaxes(title="measured decode speedup" if x == "decode_speedup" else "target speedup")
+    fig.update_yaxes(title=metric.replace("_", "-").upper() if metric != "rouge_l" else "ROUGE-L")
+    return _style(fig, f"E2E quality against speedup ({metric.replace('_', '-')})")
+
+
+def bench_figure(bench: pd.DataFrame) -> go.Figure:
+    """Measured speedup against the target, one line per batch size (and method, when the table has
+    one), with the cost-model bound dashed when the table has it."""
+    _require(bench, ["speedup", "batch_size", "measured_speedup"], "the benchmark table")
+    fig = go.Figure()
+    method = "method" if "method" in bench.columns else None
+    key = [method, "batch_size"] if method else ["batch_size"]
+    for index, (name, group) in enumerate(bench.groupby(key, sort=True)):
+        name = name if isinstance(name, tuple) else (name,)
+        label = ", ".join(f"batch {v}" if k == "batch_size" else str(v) for k, v in zip(key, name))
+        colour = SERIES[index % len(SERIES)]
+        group = group.sort_values("speedup")
+        fig.add_trace(go.Scatter(x=group["speedup"], y=group["measured_speedup"], name=label, mode="lines+markers",
+                                 line=dict(color=colour, width=2), marker=dict(size=8), legendgroup=label,
+                                 hovertemplate=label + ": target %{x}x, measured %{y:.2f}x<extra></extra>"))
+        if "bound" in group.columns and group["bound"].notna().any():
+            fig.add_trace(go.Scatter(x=group["speedup"], y=group["bound"], name=f"{label}: bound", mode="lines",
+                                     line=dict(color=colour, width=1, dash="dot"), legendgroup=label,
+                                     showlegend=False,
+                                     hovertemplate=label + ": bound %{y:.2f}x<extra></extra>"))
+    fig.update_xaxes(title="target speedup (layers)")
+    fig.update_yaxes(title="measured decode speedup", rangemode="tozero")
+    return _style(fig, "Speed: measured against target (dotted: cost-model bound)")

@@ -1,0 +1,368 @@
+"""The studio's runtime, without any UI: the configured models, one batcher, and what a click runs.
+
+A comparison submits SkipDecode and full decoding of the same prompt to the batcher as one group: they
+start in the same round and run interleaved, one position of each in turn, in one thread. Each decode
+step is timed on its own, so both runs see the same machine load and neither waits for the other to
+finish; other users' requests with the same settings join the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import pandas as pd
+
+from skipdecode import quality
+from skipdecode.batcher import Batcher, Job, Update, follow
+from skipdecode.engine import Engine
+from skipdecode.models import DEFAULT_MODEL
+from skipdecode.sampling import Sampling
+from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, Schedule, for_speedup
+
+from .examples import references_for
+
+TIMING_NOTE = ("SkipDecode and full decoding ran interleaved in one thread of this process: one position of "
+               "each in turn, each step timed on its own, so both saw the same machine load.")
+
+
+AUTO = "auto: the fine-tuned adapter for the speedup"
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model the app offers: fixed at start, never a path or hub id typed by a web user."""
+
+    label: str
+    model: str | None = None  # Engine.load name (None: the bundled default)
+    adapter: str | None = None  # a fine-tuned adapter's name (None: base weights)
+    horizon: int | None = None  # the horizon the adapter was trained with: the default for decoding with it
+
+
+def configured_models() -> list[ModelChoice]:
+    """The base model and the adapters `skipdecode train` left in assets/adapters for it; with any
+    adapter, first an "auto" entry that picks the adapter made for the requested speedup."""
+    from skipdecode.adapters import available_adapters
+
+    adapters = [a for a in available_adapters() if a.base_model == DEFAULT_MODEL]
+    choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})",
+                           adapter=a.name, horizon=a.meta.get("config", {}).get("horizon")) for a in adapters]
+    base = ModelChoice(f"{DEFAULT_MODEL} (base)")
+    return [ModelChoice(AUTO), base, *choices] if choices else [base]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one web request may ask for; the API and the UI share them."""
+
+    max_new_tokens: int = 512
+    max_prompt_tokens: int = 1024
+    max_batch_prompts: int = 8
+    time_limit_s: float = 300.0
+
+
+@dataclass
+class Settings:
+    """The controls of the Compare tab. `horizon` 0 means "the max new tokens"."""
+
+    speedup: float = 3.0
+    max_new_tokens: int = 48
+    manual_budgets: bool = False
+    max_budget: int = 20
+    min_budget: int = 6
+    warmup: int = DEFAULT_WARMUP
+    horizon: int = 0
+    decay: str = "linear"
+    mode: str = "skip"
+    sampling: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 0
+    seed: int = 0
+
+    def schedule(self, num_layers: int, default_horizon: int | None = None) -> Schedule:
+        """The SkipDecode schedule these settings describe; ValueError says which setting is wrong.
+        Horizon 0 means `default_horizon` (an adapter's training horizon), else the max new tokens."""
+        horizon = (_whole("horizon", self.horizon) or default_horizon
+                   or _whole("max new tokens", self.max_new_tokens))
+        warmup = _whole("warm-up layers", self.warmup)
+        if self.decay not in DECAYS:
+            raise ValueError(f"decay must be one of {', '.join(DECAYS)}; got {self.decay!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if self.manual_budgets:
+            return Schedule(num_layers, _whole("max budget", self.max_budget), _whole("min budget", self.min_budget),
+                            warmup, horizon, self.decay, self.mode)
+        return for_speedup(_number("speedup", self.speedup), num_layers, horizon, warmup, self.decay, self.mode)
+
+    def sampler(self) -> Sampling:
+        if not self.sampling:
+            return Sampling()
+        return Sampling(_number("temperature", self.temperature), _whole("top-k", self.top_k),
+                        _number("top-p", self.top_p), _whole("seed", self.seed))
+
+
+def _number(name: str, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number; got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number; got {value!r}")
+    return value
+
+
+def _whole(name: str, value) -> int:
+    value = _number(name, value)
+    if value != int(value):
+        raise ValueError(f"{name} must be a whole number; got {value:g}")
+    return int(value)
+
+
+def clean_prompt(prompt) -> str:
+    """The prompt as the model will see it, or a ValueError a person can act on."""
+    if not isinstance(prompt, str):
+        raise ValueError("the prompt must be text")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the prompt is not valid UTF-8 text") from None
+    bad = sorted({c for c in prompt if unicodedata.category(c) == "Cc" and c not in "\n\t\r"})
+    if bad:
+        names = ", ".join(f"U+{ord(c):04X}" for c in bad[:5])
+        raise ValueError(f"the prompt contains control characters ({names}); remove them and try again")
+    prompt = prompt.strip()
+    if not prompt:
+        raise ValueError("enter a prompt first")
+    return prompt
+
+
+@dataclass
+class Comparison:
+    """SkipDecode and full decoding of one prompt, as far as they have got."""
+
+    prompt: str
+    model: str
+    num_layers: int
+    schedule: Schedule
+    max_new_tokens: int
+    skip: Update | None = None
+    full: Update | None = None
+    references: tuple[str, ...] | None = None
+    quality: dict | None = None
+    cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
+
+    @property
+    def done(self) -> bool:
+        return bool(self.skip and self.skip.done and self.full and self.full.done)
+
+    def speedups(self) -> dict[str, float | None]:
+        """Decode speedups: `layers` (full depth / average budget), `weights` (weights read per step, the LM
+        head included, which every step reads whatever its budget) and `measured` (full ms / SkipDecode ms
+        per token over the positions both runs reached)."""
+        out = {"layers": None, "weights": None, "measured": None}
+        if not (self.skip and self.skip.trace.steps):
+            return out
+        average = self.skip.trace.average_layers
+        layer, head = self.cost
+        out["layers"] = round(self.num_layers / average, 3)
+        out["weights"] = round((self.num_layers * layer + head) / (average * layer + head), 3)
+        if self.full and self.full.trace.steps:
+            n = min(len(self.skip.trace.steps), len(self.full.trace.steps))
+            skip_ms = sum(s.ms for s in self.skip.trace.steps[:n]) / n
+            full_ms = sum(s.ms for s in self.full.trace.steps[:n]) / n
+            out["measured"] = round(full_ms / skip_ms, 3) if skip_ms else None
+        return out
+
+    def to_dict(self) -> dict:
+        def side(update: Update | None) -> dict | None:
+            if update is None:
+                return None
+            return {"text": update.text, "token_ids": update.token_ids, "finished": update.finished,
+                    "batch": update.batch.to_dict(), "trace": update.trace.to_dict()}
+
+        return {"prompt": self.prompt, "model": self.model, "num_layers": self.num_layers,
+                "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
+                "speedup": self.speedups(), "quality": self.quality, "references": self.references,
+                "timing": TIMING_NOTE}
+
+
+@dataclass
+class BatchRun:
+    """Several prompts decoded as one SkipDecode batch (and one full-decoding batch beside it)."""
+
+    prompts: list[str]
+    schedule: Schedule
+    num_layers: int
+    skip: list[Update | None] = field(default_factory=list)
+    full: list[Update | None] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return all(u is not None and u.done for u in self.skip + self.full)
+
+
+class Studio:
+    def __init__(self, models: list[ModelChoice] | None = None, limits: Limits = Limits(),
+                 batcher: Batcher | None = None):
+        self.models = models or configured_models()
+        self.limits = limits
+        self.batcher = batcher or Batcher(time_limit_s=limits.time_limit_s)
+        self._engines: dict[str, Engine] = {}
+        self._costs: dict[str, tuple[int, int]] = {}
+        self._loading = threading.Lock()
+
+    @property
+    def labels(self) -> list[str]:
+        return [m.label for m in self.models]
+
+    def choice(self, label: str | None = None, speedup: float | None = None) -> ModelChoice:
+        """The configured model a label names ("auto" resolved for the speedup); anything else is refused."""
+        if not label:
+            return self.base
+        choice = next((m for m in self.models if m.label == label), None)
+        if choice is None:
+            raise ValueError(f"unknown model {label!r}; choose one of: {', '.join(self.labels)}")
+        if choice.label == AUTO:
+            from skipdecode.adapters import adapter_for
+
+            picked = adapter_for(_number("speedup", speedup or 1.0), DEFAULT_MODEL)
+            choice = next((m for m in self.models if picked and m.adapter == picked.name), self.base)
+        return choice
+
+    @property
+    def base(self) -> ModelChoice:
+        """The first configured model without an adapter: loaded at start, the page's defaults come from it."""
+        return next(m for m in self.models if m.label != AUTO and m.adapter is None)
+
+    def engine(self, label: str | ModelChoice | None = None) -> Engine:
+        """The engine of a configured model, loaded on first use."""
+        choice = label if isinstance(label, ModelChoice) else self.choice(label)
+        with self._loading:
+            if choice.label not in self._engines:
+                engine = Engine.load(choice.model, adapter=choice.adapter)
+                self._engines[choice.label] = engine
+                self._costs[choice.label] = weights_per_token(engine)
+            return self._engines[choice.label]
+
+    # ---- Compare ----------------------------------------------------------------------------
+    def _check(self, engine: Engine, prompt: str, max_new_tokens) -> tuple[str, int]:
+        prompt = clean_prompt(prompt)
+        n = _whole("max new tokens", max_new_tokens)
+        if not 1 <= n <= self.limits.max_new_tokens:
+            raise ValueError(f"max new tokens must be between 1 and {self.limits.max_new_tokens}; got {n}")
+        tokens = len(engine.encode(prompt))
+        if tokens > self.limits.max_prompt_tokens:
+            raise ValueError(f"the prompt is {tokens} tokens long; this app takes at most "
+                             f"{self.limits.max_prompt_tokens} tokens")
+        return prompt, n
+
+    def compare(self, prompt: str, settings: Settings, model: str | None = None) -> Iterator[Comparison]:
+        """Yields the comparison after every position of either run, then once more with quality scores."""
+        choice = self.choice(model, settings.speedup)
+        engine = self.engine(choice)
+        prompt, n = self._check(engine, prompt, settings.max_new_tokens)
+        schedule = settings.schedule(engine.num_layers, choice.horizon)
+        sampling = settings.sampler()
+        comparison = Comparison(prompt, choice.label, engine.num_layers, schedule, n,
+                                references=references_for(prompt), cost=self._costs[choice.label])
+        skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
+                                                   Job(engine, prompt, None, n, sampling)])
+        try:
+            for comparison.skip, comparison.full in follow([skip, full]):
+                yield comparison
+        finally:
+            skip.cancel(), full.cancel()
+        comparison.quality = self.score(engine, comparison)
+        yield comparison
+
+    def score(self, engine: Engine, comparison: Comparison) -> dict:
+        """Quality of the SkipDecode output against the full one (and the references, for E2E items)."""
+        skip, full = comparison.skip, comparison.full
+        with self.batcher.exclusive():
+            ppl = {name: (round(quality.perplexity(engine.model, update.prompt_ids, update.token_ids), 3)
+                          if update.token_ids else None)
+                   for name, update in (("skipdecode", skip), ("full", full))}
+        scores = {"skipdecode_vs_full": quality.text_scores(skip.text, full.text) if full.text.strip() else None,
+                  "token_agreement": quality.token_agreement(skip.token_ids, full.token_ids),
+                  "perplexity": ppl, "references": None}
+        if comparison.references:
+            scores["references"] = {name: quality.text_scores(update.text, comparison.references)
+                                    for name, update in (("skipdecode", skip), ("full", full))}
+        return scores
+
+    def exit_layers(self, comparison: Comparison, limit: int = 64) -> list[int]:
+        """Where an oracle per-token early exit would have stopped on the full run's own tokens."""
+        full = comparison.full
+        if not (comparison.done and full.token_ids):
+            raise ValueError("run a comparison first")
+        engine = self.engine(comparison.model)
+        with self.batcher.exclusive():
+            return quality.exit_layers(engine.model, full.prompt_ids, full.token_ids[:limit])
+
+    # ---- Batch ------------------------------------------------------------------------------
+    def check_batch(self, engine: Engine, prompts: list[str], max_new_tokens) -> tuple[list[str], int]:
+        prompts = [p for p in (prompts or []) if isinstance(p, str) and p.strip()]
+        if not prompts:
+            raise ValueError("enter at least one prompt, one per line")
+        if len(prompts) > self.limits.max_batch_prompts:
+            raise ValueError(f"at most {self.limits.max_batch_prompts} prompts in a batch; got {len(prompts)}")
+        checked = [self._check(engine, p, max_new_tokens) for p in prompts]
+        return [p for p, _ in checked], checked[0][1]
+
+    def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
+        choice = self.choice(model, settings.speedup)
+        engine = self.engine(choice)
+        prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
+        schedule, sampling = settings.schedule(engine.num_layers, choice.horizon), settings.sampler()
+        run = BatchRun(prompts, schedule, engine.num_layers)
+        jobs = ([Job(engine, p, schedule, n, sampling) for p in prompts]
+                + [Job(engine, p, None, n, sampling) for p in prompts])
+        tickets = self.batcher.submit_together(jobs)
+        try:
+            for updates in follow(tickets):
+                run.skip, run.full = list(updates[: len(prompts)]), list(updates[len(prompts):])
+                yield run
+        finally:
+            for ticket in tickets:
+                ticket.cancel()
+
+    def throughput(self, prompts: list[str], settings: Settings, model: str | None = None,
+                   sizes: tuple[int, ...] = (1, 2, 4, 8)) -> pd.DataFrame:
+        """Decode tokens per second against batch size, SkipDecode and full decoding side by side
+        (prompts repeated to fill a batch; EOS ignored so every row decodes the same number of tokens)."""
+        choice = self.choice(model, settings.speedup)
+        engine = self.engine(choice)
+        prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
+        schedule, sampling = settings.schedule(engine.num_layers, choice.horizon), settings.sampler()
+        rows = []
+        for size in sizes:
+            if size > self.limits.max_batch_prompts:
+                break
+            batch = [prompts[i % len(prompts)] for i in range(size)]
+            jobs = ([Job(engine, p, schedule, n, sampling, stop_at_eos=False) for p in batch]
+                    + [Job(engine, p, None, n, sampling, stop_at_eos=False) for p in batch])
+            tickets = self.batcher.submit_together(jobs)
+            finals = [ticket.result() for ticket in tickets]
+            for method, update in (("SkipDecode", finals[0]), ("full decoding", finals[size])):
+                rows.append({"batch_size": size, "method": method, "batch": update.batch.number,
+                             "rows": update.batch.size,
+                             "tokens_per_s": round(update.trace.decode_tokens_per_s, 2),
+                             "ms_per_step": round(update.trace.decode_ms / max(len(update.trace.steps), 1), 3)})
+        return pd.DataFrame(rows)
+
+
+def weights_per_token(engine: Engine) -> tuple[int, int]:
+    """(weights of one decoder layer, weights of the LM head): the cost model of one decoding step.
+    A step reads every weight of each layer it runs and all of the LM head, whatever the budget."""
+    model = engine.model
+    head = model.get_output_embeddings().weight.numel()
+    stacks = [m for m in model.modules() if type(m).__name__ == "ModuleList" and len(m) == engine.num_layers]
+    if not stacks:
+        return 1, 0
+    layer = sum(p.numel() for p in stacks[0][0].parameters())
+    return layer, head
+

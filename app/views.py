@@ -1,0 +1,220 @@
+"""From the studio's results to what the page shows: frames for the plots, and small HTML pieces.
+
+Pure functions (no Gradio, no model): each takes results and returns a DataFrame, a figure or a string.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+from skipdecode.schedule import Schedule
+
+from . import plots
+from .studio import TIMING_NOTE, BatchRun, Comparison
+
+EMPTY_OUTPUT = '<div class="sd-output sd-empty">The output appears here, token by token.</div>'
+
+
+# ---- frames -------------------------------------------------------------------------------------
+def scheduled_frame(schedule: Schedule, steps: int) -> pd.DataFrame:
+    """The schedule's budget b(s) for the positions a run may reach."""
+    return pd.DataFrame({"step": range(steps), "budget": [schedule.budget(s) for s in range(steps)]})
+
+
+def token_pieces(tokenizer, token_ids: list[int]) -> list[str]:
+    """The text each token adds, decoded as prefixes so multi-byte characters split across tokens
+    come out whole (on the token that completes them)."""
+    pieces, previous = [], ""
+    for i in range(1, len(token_ids) + 1):
+        text = tokenizer.decode(token_ids[:i], skip_special_tokens=True)
+        if text.startswith(previous):
+            pieces.append(text[len(previous):])
+        else:  # the tokenizer rewrote earlier text (rare): attach the whole new text here
+            pieces.append(text)
+        previous = text
+    return pieces
+
+
+def token_layers(update, num_layers: int) -> list[int]:
+    """Layers run to choose each generated token: the prefill (all layers) chose the first one; the
+    forward pass of position s chose token s + 1."""
+    budgets = [s.budget for s in update.trace.steps]
+    return [num_layers] + budgets[: max(len(update.token_ids) - 1, 0)]
+
+
+# ---- HTML ---------------------------------------------------------------------------------------
+def _shade(layers: int, num_layers: int) -> str:
+    """Darker = more layers: indigo at an opacity that grows with the share of layers run."""
+    alpha = 0.05 + 0.45 * layers / max(num_layers, 1)
+    return f"rgba(79, 70, 229, {alpha:.2f})"
+
+
+def tokens_html(pieces: list[str], layers: list[int], num_layers: int, streaming: bool = False) -> str:
+    """Each token on a background whose depth shows the layers run to choose it."""
+    if not pieces:
+        return EMPTY_OUTPUT
+    spans = []
+    for index, (piece, n) in enumerate(zip(pieces, layers)):
+        shown = html.escape(piece).replace("\n", "<br>") or "&#8203;"
+        spans.append(f'<span class="sd-token" style="background:{_shade(n, num_layers)}" '
+                     f'title="token {index}: chosen after {n} of {num_layers} layers">{shown}</span>')
+    cursor = '<span class="sd-cursor"></span>' if streaming else ""
+    return f'<div class="sd-output">{"".join(spans)}{cursor}</div>'
+
+
+def legend_html(num_layers: int) -> str:
+    stops = ", ".join(_shade(n, num_layers) for n in (1, num_layers // 2, num_layers))
+    return ('<div class="sd-legend"><span>token shading: layers run to choose it</span>'
+            f'<span class="sd-scale-label">1</span><span class="sd-scale" style="background:linear-gradient(90deg, '
+            f'{stops})"></span><span class="sd-scale-label">{num_layers}</span></div>')
+
+
+def _card(label: str, value: str, note: str = "", accent: str = "") -> str:
+    return (f'<div class="sd-card {accent}"><div class="sd-card-label">{html.escape(label)}</div>'
+            f'<div class="sd-card-value">{value}</div><div class="sd-card-note">{html.escape(note)}</div></div>')
+
+
+def _x(value) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def metrics_html(comparison: Comparison | None) -> str:
+    """Speed at a glance: measured decode speedup against the theoretical ones, and per-token latency."""
+    if comparison is None or comparison.skip is None:
+        return '<div class="sd-cards">' + "".join(
+            _card(label, "–", note) for label, note in
+            (("measured speedup", "full ms / SkipDecode ms per token"),
+             ("theoretical", "by layer count / by weights read (LM head included)"),
+             ("layers per token", "SkipDecode average"), ("ms per token", "SkipDecode vs full"))) + "</div>"
+    speed = comparison.speedups()
+    skip, full = comparison.skip.trace, comparison.full.trace if comparison.full else None
+    per_token = lambda t: t.decode_ms / len(t.steps) if t and t.steps else None  # noqa: E731
+    skip_ms, full_ms = per_token(skip), per_token(full)
+    latency = (f"{skip_ms:.1f} <small>vs</small> {full_ms:.1f}" if skip_ms and full_ms else
+               f"{skip_ms:.1f}" if skip_ms else "–")
+    cards = [
+        _card("measured speedup", _x(speed["measured"]), "full ms / SkipDecode ms per token", "sd-accent"),
+        _card("theoretical", f"{_x(speed['layers'])} <small>/ {_x(speed['weights'])}</small>",
+              "by layer count / by weights read (LM head included)"),
+        _card("layers per token", f"{skip.average_layers:.1f} <small>of {comparison.num_layers}</small>"
+              if skip.steps else "–", "SkipDecode average"),
+        _card("ms per token", latency, "SkipDecode vs full decoding"),
+    ]
+    return '<div class="sd-cards">' + "".join(cards) + "</div>"
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def quality_html(comparison: Comparison | None) -> str:
+    """Quality side by side: SkipDecode against full decoding, and both against E2E references."""
+    if comparison is None or comparison.quality is None:
+        return ('<div class="sd-quality sd-empty">Quality scores appear when both runs have finished.</div>')
+    q = comparison.quality
+    vs_full = q["skipdecode_vs_full"] or {}
+    agree, ppl, refs = q["token_agreement"], q["perplexity"], q["references"]
+    head = "<thead><tr><th></th><th>SkipDecode</th><th>full decoding</th></tr></thead>"
+    rows = [
+        ("BLEU vs the full output", _fmt(vs_full.get("bleu")), "reference"),
+        ("ROUGE-L vs the full output", _fmt(vs_full.get("rouge_l")), "reference"),
+        ("token agreement with full", f"{100 * agree['agreement']:.0f}% <small>(first {agree['prefix']} equal)</small>",
+         "reference"),
+        ("perplexity under the full model", _fmt(ppl["skipdecode"], 2), _fmt(ppl["full"], 2)),
+    ]
+    if refs:
+        n = len(comparison.references)
+        rows += [(f"BLEU vs {n} E2E references", _fmt(refs["skipdecode"]["bleu"]), _fmt(refs["full"]["bleu"])),
+                 (f"ROUGE-L vs {n} E2E references", _fmt(refs["skipdecode"]["rouge_l"]),
+                  _fmt(refs["full"]["rouge_l"]))]
+    body = "".join(f"<tr><td>{label}</td><td>{a}</td><td>{'<i>—</i>' if b == 'reference' else b}</td></tr>"
+                   for label, a, b in rows)
+    note = ("" if refs else '<div class="sd-note">Scores against references appear for E2E test '
+            "meaning representations (try one of the restaurant examples).</div>")
+    return f'<div class="sd-quality"><table>{head}<tbody>{body}</tbody></table>{note}</div>'
+
+
+def status_markdown(comparison: Comparison | None, running: bool) -> str:
+    if comparison is None or comparison.skip is None:
+        return "Waiting for the batcher…" if running else ""
+    skip, full = comparison.skip, comparison.full
+    sched = comparison.schedule
+    where = (f"SkipDecode ran in **batch #{skip.batch.number}** ({_rows(skip.batch.size)}), full decoding in "
+             f"**batch #{full.batch.number}** ({_rows(full.batch.size)})." if full else "")
+    plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
+            f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}.")
+    state = "Running…" if running else "Done."
+    return f"{state} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
+
+
+def _rows(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests batched together"
+
+
+def compare_figures(comparison: Comparison):
+    """(budget, layer map, latency) figures of a comparison so far."""
+    if comparison.skip is None or not comparison.skip.trace.steps:
+        waiting = plots.empty_figure("Waiting for the first positions…")
+        return waiting, waiting, waiting
+    skip = comparison.skip.trace.to_frame()
+    positions = max(comparison.max_new_tokens - 1, len(skip), 1)  # the last token is never fed back
+    budget = plots.budget_figure(skip, scheduled_frame(comparison.schedule, positions), comparison.num_layers)
+    layer_map = plots.layer_map_figure(skip, comparison.num_layers, comparison.skip.trace.prompt_tokens,
+                                       comparison.schedule.warmup if comparison.schedule.mode == "skip" else 0)
+    if comparison.full is None or not comparison.full.trace.steps:
+        return budget, layer_map, plots.empty_figure("Waiting for full decoding…")
+    return budget, layer_map, plots.latency_figure(skip, comparison.full.trace.to_frame())
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+def cache_panels(comparison: Comparison, exits: list[int]) -> list[tuple[str, np.ndarray]]:
+    """Cache states under SkipDecode (the layers its trace ran) and under per-token early exit (each
+    position runs layers [0, exit)), on the same positions: the prompt, then the generated ones fed back."""
+    L, skip = comparison.num_layers, comparison.skip
+    prompt = [range(L)] * skip.trace.prompt_tokens
+    skipdecode = prompt + [step.layers for step in skip.trace.steps]
+    # exits[k] is the depth that chose token k; position P + k (feeding token k) chose token k + 1.
+    early = prompt + [range(e) for e in exits[1:]]
+    width = min(len(skipdecode), len(early))
+    return [("SkipDecode", plots.cache_states(plots.holdings(skipdecode[:width], L))),
+            ("per-token early exit", plots.cache_states(plots.holdings(early[:width], L)))]
+
+
+# ---- Batch --------------------------------------------------------------------------------------
+def batch_cells(run: BatchRun) -> pd.DataFrame:
+    """(row, step, budget) for every position each row still needed; the budget is the batch's."""
+    cells = []
+    for update in run.skip:
+        if update is None:
+            continue
+        steps = update.trace.steps
+        useful = max(len(update.token_ids) - 1, 0) if update.finished else len(steps)
+        cells += [{"row": update.row, "step": s.step, "budget": s.budget} for s in steps[:useful]]
+    return pd.DataFrame(cells, columns=["row", "step", "budget"])
+
+
+def batch_table(run: BatchRun) -> pd.DataFrame:
+    rows = []
+    for i, prompt in enumerate(run.prompts):
+        skip = run.skip[i] if i < len(run.skip) else None
+        full = run.full[i] if i < len(run.full) else None
+        rows.append({"row": i, "prompt": prompt, "SkipDecode": skip.text if skip else "",
+                     "full decoding": full.text if full else "",
+                     "tokens": len(skip.token_ids) if skip else 0})
+    return pd.DataFrame(rows)
+
+
+def batch_status(run: BatchRun) -> str:
+    skip = next((u for u in run.skip if u is not None), None)
+    full = next((u for u in run.full if u is not None), None)
+    if skip is None:
+        return "Waiting for the batcher…"
+    parts = [f"SkipDecode: **batch #{skip.batch.number}**, {skip.batch.size} rows, "
+             f"{skip.trace.decode_tokens_per_s:.0f} decode tokens/s"]
+    if full is not None:
+        parts.append(f"full decoding: **batch #{full.batch.number}**, {full.batch.size} rows, "
+                     f"{full.trace.decode_tokens_per_s:.0f} decode tokens/s")
+    return ("Running… " if not run.done else "Done. ") + "; ".join(parts) + "."

@@ -1,0 +1,297 @@
+"""Micro-batching: requests that arrive together with the same settings run as ONE engine batch.
+
+This is what SkipDecode is for: every row of a batch shares one layer budget per position, so users who
+ask at the same moment can share every forward pass instead of queueing behind each other. One worker
+thread owns the compute. It waits for a request, gathers what else arrives within a short window (or
+queued up while it was busy), groups the requests by engine, schedule, sampling and token limit, and runs
+each group as one batch. Batches that cannot merge run side by side, one position of each in turn, so
+(for instance) a SkipDecode run and its full-decoding baseline see the same machine load. Each request
+gets its own stream of partial results and learns which batch it ran in.
+
+Pure Python and threading: no web framework is imported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import numbers
+import queue
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from .sampling import Sampling
+from .schedule import Schedule
+from .trace import Trace
+
+DEFAULT_WINDOW_S = 0.05  # how long an idle worker waits for company after the first request arrives
+DEFAULT_MAX_ROWS = 16  # rows per batch (the engine's packed weights are tuned for up to 16 rows)
+DEFAULT_MAX_ACTIVE = 4  # batches running side by side; later arrivals wait and then batch together
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt to decode. Jobs with equal engine, schedule, token limit and sampling can share a batch."""
+
+    engine: object
+    prompt: str | Sequence[int]
+    schedule: Schedule | None = None  # None: full decoding
+    max_new_tokens: int = 64
+    sampling: Sampling = Sampling()
+    stop_at_eos: bool = True
+    chat: bool | None = None
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Which batch a request ran in: `number` counts batches since the batcher started."""
+
+    number: int
+    size: int  # requests (rows) sharing the batch
+    schedule: dict
+    started: float  # time.time() at the start of the batch
+
+    def to_dict(self) -> dict:
+        return {"number": self.number, "size": self.size, "started": round(self.started, 3)}
+
+
+@dataclass
+class Update:
+    """One request's view of its batch after a position: a snapshot, safe to keep."""
+
+    row: int  # this request's row in the batch
+    batch: BatchInfo
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finished: bool  # this row has stopped (EOS or token limit)
+    done: bool  # the whole batch has stopped and the trace is complete
+    trace: Trace  # the batch's trace so far, shared by every row
+
+
+@dataclass(eq=False)
+class _Request:
+    job: Job
+    prompt_ids: list[int]
+    signal: threading.Condition  # shared by the requests submitted together, so one reader can follow them
+    deadline: float | None
+    inbox: deque = field(default_factory=deque)  # updates and errors not yet read
+    cancelled: bool = False
+
+    @property
+    def key(self):
+        j = self.job
+        return (id(j.engine), j.schedule, j.max_new_tokens, j.sampling, j.stop_at_eos)
+
+    def send(self, item) -> None:
+        with self.signal:
+            self.inbox.append(item)
+            self.signal.notify_all()
+
+
+class Ticket:
+    """A submitted request. Iterate it for its updates (the last one has `done` set); errors of its
+    batch are raised from the iteration."""
+
+    def __init__(self, request: _Request):
+        self._request = request
+
+    def __iter__(self) -> Iterator[Update]:
+        return (updates[0] for updates in follow([self]))
+
+    def result(self) -> Update:
+        """Block until the request is complete; its final update."""
+        last = None
+        for last in self:
+            pass
+        return last
+
+    def cancel(self) -> None:
+        """Stop sending updates; a batch stops once none of its requests is left."""
+        self._request.cancelled = True
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self._request.prompt_ids
+
+
+def follow(tickets: Sequence[Ticket]) -> Iterator[tuple[Update | None, ...]]:
+    """The newest update of every ticket, each time any of them moves, until all are done.
+
+    Updates are cumulative snapshots, so a slow reader skips the ones it missed and loses nothing.
+    Tickets followed together must come from one `submit_together` call."""
+    requests = [t._request for t in tickets]
+    signal = requests[0].signal
+    if any(r.signal is not signal for r in requests):
+        raise ValueError("tickets followed together must be submitted together")
+    latest: list[Update | None] = [None] * len(requests)
+    while not all(u is not None and u.done for u in latest):
+        with signal:
+            signal.wait_for(lambda: any(r.inbox for r in requests))
+            arrived = [(i, list(r.inbox)) for i, r in enumerate(requests)]
+            for r in requests:
+                r.inbox.clear()
+        for i, items in arrived:
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                latest[i] = item
+        yield tuple(latest)
+
+
+class Batcher:
+    """Runs engine work on one thread, batching the requests that arrive together.
+
+    `window_s`: an idle worker's wait for company; `max_rows`: rows per batch; `max_active`: batches
+    running side by side before new arrivals must wait (and so batch with each other);
+    `time_limit_s`: a request's wall-time limit (None: none)."""
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, max_rows: int = DEFAULT_MAX_ROWS,
+                 max_active: int = DEFAULT_MAX_ACTIVE, time_limit_s: float | None = None, history: int = 1000):
+        if max_rows < 1 or max_active < 1:
+            raise ValueError(f"max_rows and max_active must be >= 1; got {max_rows}, {max_active}")
+        self.window_s, self.max_rows, self.max_active, self.time_limit_s = window_s, max_rows, max_active, time_limit_s
+        self._inbox: queue.Queue[list[_Request] | None] = queue.Queue()
+        self._lock = threading.RLock()  # held for every forward pass; see `exclusive`
+        self._numbers = itertools.count(1)
+        self.history: deque[BatchInfo] = deque(maxlen=history)  # the most recent batches, oldest first
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="skipdecode-batcher", daemon=True)
+        self._thread.start()
+
+    # ---- the caller's side -------------------------------------------------------------------
+    def submit(self, engine, prompt, schedule: Schedule | None = None, max_new_tokens: int = 64,
+               sampling: Sampling = Sampling(), chat: bool | None = None, stop_at_eos: bool = True) -> Ticket:
+        return self.submit_together([Job(engine, prompt, schedule, max_new_tokens, sampling, stop_at_eos, chat)])[0]
+
+    def submit_together(self, jobs: Sequence[Job], time_limit_s: float | None = None) -> list[Ticket]:
+        """Queue jobs that start in the same round (and can be followed together). Bad input raises
+        ValueError here, in the caller's thread, so it never reaches a batch shared with others."""
+        if self._closed:
+            raise RuntimeError("the batcher is closed")
+        if not jobs:
+            raise ValueError("no jobs given")
+        limit = time_limit_s if time_limit_s is not None else self.time_limit_s
+        deadline = time.monotonic() + limit if limit else None
+        signal = threading.Condition()
+        requests = [_Request(self._checked(job), self._encode(job), signal, deadline) for job in jobs]
+        self._inbox.put(requests)
+        return [Ticket(r) for r in requests]
+
+    @staticmethod
+    def _checked(job: Job) -> Job:
+        engine = job.engine
+        schedule = job.schedule or Schedule.full(engine.num_layers)
+        if schedule.num_layers != engine.num_layers:
+            raise ValueError(f"schedule is for {schedule.num_layers} layers but the model has {engine.num_layers}")
+        n = job.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1; got {n!r}")
+        if not isinstance(job.sampling, Sampling):
+            raise ValueError("sampling must be a skipdecode.Sampling")
+        return dataclasses.replace(job, schedule=schedule, max_new_tokens=int(n))
+
+    @staticmethod
+    def _encode(job: Job) -> list[int]:
+        ids = job.engine.encode(job.prompt, job.chat)
+        if not ids:
+            raise ValueError("prompt is empty")
+        context = job.engine.decoder.max_positions
+        if len(ids) + job.max_new_tokens > context:
+            raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens {job.max_new_tokens} exceeds the "
+                             f"model's context of {context} tokens")
+        return ids
+
+    @contextmanager
+    def exclusive(self):
+        """Other work on a model (scoring, probing) runs between two positions of the running batches,
+        never at the same time: on a CPU that would distort both timings."""
+        with self._lock:
+            yield
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closed = True
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    # ---- the worker's side -------------------------------------------------------------------
+    def _work(self) -> None:
+        active: list[_Batch] = []
+        while not (self._closed and not active):
+            if not active:  # idle: block for a request, then wait briefly for company
+                first = self._inbox.get()
+                if first is None:
+                    return
+                time.sleep(self.window_s)
+                active = self._batches([first] + self._drain())
+            elif len(active) < self.max_active:
+                active += self._batches(self._drain())
+            active = [batch for batch in active if batch.advance(self._lock)]
+
+    def _drain(self) -> list[list[_Request]]:
+        groups = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return groups
+            if item is None:
+                self._closed = True
+                return groups
+            groups.append(item)
+
+    def _batches(self, groups: list[list[_Request]]) -> list["_Batch"]:
+        """Requests with equal keys become batches of up to max_rows, in order of arrival."""
+        by_key: dict[tuple, list[_Request]] = {}
+        for request in (r for group in groups for r in group):
+            if not request.cancelled:
+                by_key.setdefault(request.key, []).append(request)
+        batches = []
+        for requests in by_key.values():
+            for start in range(0, len(requests), self.max_rows):
+                chunk = requests[start: start + self.max_rows]
+                info = BatchInfo(next(self._numbers), len(chunk), chunk[0].job.schedule.to_dict(), time.time())
+                self.history.append(info)
+                batches.append(_Batch(chunk, info))
+        return batches
+
+
+class _Batch:
+    def __init__(self, requests: list[_Request], info: BatchInfo):
+        self.requests, self.info = requests, info
+        job = requests[0].job
+        self.stream = job.engine.stream([r.prompt_ids for r in requests], job.schedule, job.max_new_tokens,
+                                        job.sampling, stop_at_eos=job.stop_at_eos)
+
+    def advance(self, lock) -> bool:
+        """Run one position and publish it to every request; False once the batch is over."""
+        now = time.monotonic()
+        for request in self.requests:
+            if request.deadline is not None and now > request.deadline and not request.cancelled:
+                request.cancelled = True
+                request.send(TimeoutError("the request ran past its time limit and was stopped"))
+        if all(r.cancelled for r in self.requests):
+            self.stream.close()
+            return False
+        try:
+            with lock:
+                generation = next(self.stream)
+        except StopIteration:
+            return False
+        except Exception as error:  # a failed batch fails its own requests, never the worker
+            for request in self.requests:
+                if not request.cancelled:
+                    request.send(error)
+            return False
+        trace = dataclasses.replace(generation.trace, steps=list(generation.trace.steps),
+                                    cache_lengths=list(generation.trace.cache_lengths))
+        texts = generation.texts
+        for row, request in enumerate(self.requests):
+            if not request.cancelled:
+                request.send(Update(row, self.info, request.prompt_ids, list(generation.token_ids[row]),
+                                    texts[row], generation.finished[row], generation.done, trace))
+        return not generation.done

@@ -1,0 +1,119 @@
+"""How much a SkipDecode output loses against full decoding: text overlap, token agreement, perplexity.
+
+Sentence-level scores of one output against another (or against references), for the app and for any
+evaluation that compares outputs one by one. The overlap scores come from the standard libraries
+(sacrebleu, rouge-score) so that our numbers mean what the same names mean in papers; perplexity and the
+per-layer predictions use the model at full depth, the reference every skipped layer is measured against.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+
+METRICS = ("bleu", "rouge_l", "chrf")  # text metrics, each 0..100, higher is better
+
+
+def _refs(references: str | Sequence[str]) -> list[str]:
+    refs = [references] if isinstance(references, str) else list(references)
+    if not refs:
+        raise ValueError("at least one reference is needed")
+    return refs
+
+
+@lru_cache(maxsize=1)
+def _rouge():
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
+def rouge_l(hypothesis: str, references: str | Sequence[str]) -> float:
+    """ROUGE-L F-measure x 100 against the best-matching reference (rouge-score, Porter stemmer)."""
+    return 100.0 * _rouge().score_multi(_refs(references), hypothesis)["rougeL"].fmeasure
+
+
+def bleu(hypothesis: str, references: str | Sequence[str]) -> float:
+    """Sentence BLEU (sacrebleu, effective order so a short output is not zeroed by missing 4-grams)."""
+    import sacrebleu
+
+    return float(sacrebleu.sentence_bleu(hypothesis, _refs(references)).score)
+
+
+def chrf(hypothesis: str, references: str | Sequence[str]) -> float:
+    import sacrebleu
+
+    return float(sacrebleu.sentence_chrf(hypothesis, _refs(references)).score)
+
+
+def text_scores(hypothesis: str, references: str | Sequence[str]) -> dict[str, float]:
+    """BLEU, ROUGE-L and chrF of one output, rounded for display and JSON."""
+    return {name: round(fn(hypothesis, references), 2) for name, fn in
+            (("bleu", bleu), ("rouge_l", rouge_l), ("chrf", chrf))}
+
+
+def token_agreement(tokens: Sequence[int], reference_tokens: Sequence[int]) -> dict[str, float | int]:
+    """Position-by-position agreement of two generations from the same prompt.
+
+    `agreement` is the share of positions (over the longer output) holding the same token; `prefix` is
+    how many tokens match before the first difference, the point from which greedy outputs part ways."""
+    a, b = list(tokens), list(reference_tokens)
+    longest = max(len(a), len(b))
+    same = sum(x == y for x, y in zip(a, b))
+    prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return {"agreement": round(same / longest, 4) if longest else 1.0, "prefix": prefix}
+
+
+def _logits_model(model):
+    """(final norm, LM head) of a Hugging Face causal LM of the families the engine supports."""
+    head = model.get_output_embeddings()
+    for path in ("model.norm", "model.decoder.final_layer_norm", "transformer.ln_f"):
+        owner = model
+        for part in path.split("."):
+            owner = getattr(owner, part, None)
+        if owner is not None:
+            return owner, head
+    raise ValueError(f"cannot find the final norm of {type(model).__name__}")
+
+
+@torch.inference_mode()
+def perplexity(model, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> float:
+    """exp(mean negative log-likelihood) of the continuation given the prompt, under `model` at full depth.
+
+    Scoring both outputs with the same full model tells how plausible each is to the model SkipDecode
+    approximates, whatever layers produced it."""
+    prompt, continuation = list(prompt_ids), list(continuation_ids)
+    if not prompt or not continuation:
+        raise ValueError("perplexity needs a non-empty prompt and continuation")
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + continuation], device=device)
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="mean")
+    return float(math.exp(nll.item()))
+
+
+@torch.inference_mode()
+def exit_layers(model, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[int]:
+    """For each continuation token, the fewest bottom layers after which the model (final norm and LM
+    head applied early, the "logit lens") already predicts the token it predicts at full depth.
+
+    This is where an oracle per-token early exit would stop: the best case of methods like CALM, whose
+    tokens each leave at their own depth. Returns the number of layers run, 1..num_layers, per token."""
+    prompt, continuation = list(prompt_ids), list(continuation_ids)
+    if not prompt or not continuation:
+        raise ValueError("exit layers need a non-empty prompt and continuation")
+    norm, head = _logits_model(model)
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + continuation], device=device)
+    out = model(ids, output_hidden_states=True)
+    where = slice(len(prompt) - 1, len(prompt) - 1 + len(continuation))  # positions predicting them
+    final = out.logits[0, where].argmax(-1)
+    num_layers = len(out.hidden_states) - 1
+    exits = torch.full_like(final, num_layers)
+    for layer in range(num_layers - 1, 0, -1):  # hidden_states[l] is the output of the first l layers
+        agrees = head(norm(out.hidden_states[layer][0, where])).argmax(-1) == final
+        exits = torch.where(agrees, torch.full_like(exits, layer), exits)
+    return exits.tolist()

@@ -1,0 +1,93 @@
+"""The app served for real (`python app.py` on a free loopback port), driven over HTTP by gradio_client."""
+
+import threading
+
+import pytest
+from gradio_client import Client
+
+from appserver import served_app
+from skipdecode.schedule import for_speedup
+
+pytestmark = pytest.mark.slow
+MR = "name[Strada], eatType[pub], area[city centre]"
+PROMPT = "Write one sentence describing this restaurant, using every fact: " + MR
+TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def url():
+    # A long batching window makes "requests that arrive together" deterministic for the test.
+    with served_app({"SKIPDECODE_BATCH_WINDOW_S": "0.8"}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return Client(url, verbose=False)
+
+
+def test_api_lists_the_compare_endpoint_with_its_three_parameters(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert list(endpoints) == ["/compare"]  # the UI's own events stay private
+    assert [p["parameter_name"] for p in endpoints["/compare"]["parameters"]] == ["prompt", "speedup", "max_new_tokens"]
+
+
+def test_compare_returns_both_outputs_traces_and_quality(client, engine):
+    result = client.predict(PROMPT, 3.0, TOKENS, api_name="/compare")
+    L = engine.num_layers
+    skip, full = result["skipdecode"], result["full"]
+    # Full decoding over HTTP is exactly the engine's own full decoding of the same prompt.
+    assert full["token_ids"] == engine.generate([PROMPT], None, TOKENS).token_ids[0]
+    assert full["text"] == engine.tokenizer.decode(full["token_ids"], skip_special_tokens=True)
+    # The SkipDecode run followed the schedule for 3x over the requested horizon, position by position.
+    schedule = for_speedup(3.0, L, horizon=TOKENS)
+    assert result["schedule"] == schedule.to_dict()
+    steps = skip["trace"]["steps"]
+    assert len(steps) == len(skip["token_ids"]) - 1  # the prefill chose the first token
+    for step in steps:
+        assert step["budget"] == schedule.budget(step["step"]) == len(step["layers"])
+        assert step["layers"] == list(schedule.layers(step["step"])) and step["ms"] > 0
+    assert all(step["budget"] == L for step in full["trace"]["steps"])
+    speed = result["speedup"]
+    assert speed["layers"] == pytest.approx(L / (sum(s["budget"] for s in steps) / len(steps)), rel=1e-3)
+    assert speed["measured"] > 0
+    q = result["quality"]
+    assert set(q["skipdecode_vs_full"]) == {"bleu", "rouge_l", "chrf"}
+    assert q["perplexity"]["full"] > 0 and q["perplexity"]["skipdecode"] > 0
+    assert 0 <= q["token_agreement"]["agreement"] <= 1
+    # An E2E test MR is also scored against its human references.
+    assert len(result["references"]) == 4 and set(q["references"]) == {"skipdecode", "full"}
+
+
+def test_requests_arriving_together_from_different_clients_share_one_batch(url):
+    results, start = [None, None], threading.Barrier(2)
+
+    def user(i):
+        client = Client(url, verbose=False)
+        start.wait()
+        results[i] = client.predict(["Describe a cafe.", "Name a colour."][i], 2.0, 3, api_name="/compare")
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    skip_batches = {r["skipdecode"]["batch"]["number"] for r in results}
+    full_batches = {r["full"]["batch"]["number"] for r in results}
+    assert len(skip_batches) == 1 and len(full_batches) == 1 and skip_batches != full_batches
+    assert all(r["skipdecode"]["batch"]["size"] == 2 == r["skipdecode"]["trace"]["batch_size"] for r in results)
+    assert results[0]["skipdecode"]["text"] != results[1]["skipdecode"]["text"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("   ", 3.0, 4), "enter a prompt"),
+    ((PROMPT, 3.0, 0), "max new tokens must be between 1 and 512"),
+    ((PROMPT, 3.0, 5000), "max new tokens must be between 1 and 512"),
+    ((PROMPT, 50.0, 4), "speedup must be a number in"),
+    (("bell \x07 here", 3.0, 4), "control characters"),
+])
+def test_bad_input_gets_a_clear_message_and_the_server_stays_up(client, args, message):
+    with pytest.raises(Exception) as error:
+        client.predict(*args, api_name="/compare")
+    assert message in str(error.value)
+    assert client.predict("Hi", 2.0, 1, api_name="/compare")["full"]["token_ids"]

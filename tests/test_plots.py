@@ -1,0 +1,138 @@
+"""Plot builders and page views as pure functions of hand-made traces and tables (no model, no server)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from app import plots, views
+from app.results import load_table
+from skipdecode.schedule import Schedule
+from skipdecode.trace import StepRecord, Trace
+
+L, P, W = 6, 3, 1  # layers, prompt tokens, warm-up layers
+SCHEDULE = Schedule(L, max_budget=4, min_budget=2, warmup=W, horizon=2)
+
+
+def hand_trace(schedule=SCHEDULE, steps=4, ms=10.0, prompt=P) -> Trace:
+    trace = Trace(schedule.num_layers, 1, prompt, schedule.to_dict(), prefill_ms=5.0)
+    for s in range(steps):
+        trace.steps.append(StepRecord(s, schedule.budget(s), schedule.layers(s), schedule.skipped(s),
+                                      ms * schedule.budget(s) / schedule.num_layers, 1))
+    return trace
+
+
+def test_budget_figure_plots_the_schedule_and_what_ran():
+    run = hand_trace().to_frame()
+    scheduled = views.scheduled_frame(SCHEDULE, 6)
+    fig = plots.budget_figure(run, scheduled, L)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["scheduled b(s)"].y) == [4, 3, 2, 2, 2, 2]
+    assert list(by_name["SkipDecode ran"].y) == [4, 3, 2, 2]
+    assert set(by_name["full decoding"].y) == {L}
+    assert fig.layout.yaxis.title.text == "layers run" and fig.layout.xaxis.title.text == "generated position s"
+
+
+def test_layer_states_mark_prompt_warmup_run_and_skipped():
+    grid = plots.layer_states(hand_trace().to_frame(), L, P, W)
+    assert grid.shape == (L, P + 4)
+    assert (grid[:, :P] == 3).all()  # the prefill runs every layer on the prompt
+    first = grid[:, P]  # budget 4: warm-up layer 0, then the top 3 layers (3, 4, 5)
+    assert list(first) == [1, 0, 0, 2, 2, 2]
+    last = grid[:, -1]  # budget 2: warm-up, then only the top layer
+    assert list(last) == [1, 0, 0, 0, 0, 2]
+    fig = plots.layer_map_figure(hand_trace().to_frame(), L, P, W)
+    assert [t.name for t in fig.data if t.name] == ["skipped", "warm-up", "run", "prompt (prefill)"]
+    assert np.array_equal(np.array(fig.data[0].z), grid)
+
+
+def test_latency_figure_has_both_runs_per_token_and_cumulative():
+    skip, full = hand_trace().to_frame(), hand_trace(Schedule.full(L)).to_frame()
+    fig = plots.latency_figure(skip, full)
+    assert len(fig.data) == 4
+    per_token = {t.name: list(t.y) for t in fig.data if t.xaxis == "x"}
+    assert per_token["full decoding"] == [10.0] * 4
+    expected = [10 * 4 / 6, 10 * 3 / 6, 10 * 2 / 6, 10 * 2 / 6]
+    assert per_token["SkipDecode"] == pytest.approx(expected, abs=1e-3)  # the trace keeps ms to 4 decimals
+    cumulative = [t for t in fig.data if t.xaxis == "x2" and t.name == "full decoding"][0]
+    assert list(cumulative.y) == [15.0, 25.0, 35.0, 45.0]  # the prefill's 5 ms first
+
+
+def test_skipdecode_cache_has_no_holes_and_per_token_early_exit_has_them():
+    trace = hand_trace()
+    skip_held = plots.holdings([range(L)] * P + [step.layers for step in trace.steps], L)
+    assert (plots.cache_states(skip_held) != 2).all()
+    # Early exit at depths 2, 5, 3, 6: position P ran layers 0-1 only, but P + 1 runs up to layer 4 and
+    # attends to layers 2-4 at position P: three holes; P + 2 exits at 3, P + 3 runs all six layers.
+    early = plots.holdings([range(L)] * P + [range(2), range(5), range(3), range(6)], L)
+    states = plots.cache_states(early)
+    holes = {(l, p) for l, p in zip(*np.nonzero(states == 2))}
+    assert holes == {(2, P), (3, P), (4, P), (5, P), (5, P + 1), (3, P + 2), (4, P + 2), (5, P + 2)}
+    assert (states[:, -1] != 2).all()  # nothing comes after the last position
+    fig = plots.kv_cache_figure([("SkipDecode", plots.cache_states(skip_held)), ("early exit", states)], P)
+    titles = [a.text for a in fig.layout.annotations]
+    assert "SkipDecode: 0 holes" in titles and "early exit: 8 holes" in titles
+
+
+def test_cache_panels_align_exits_with_the_positions_they_ran():
+    class Side:  # what views needs of a batcher Update
+        def __init__(self, trace, tokens):
+            self.trace, self.token_ids = trace, tokens
+
+    class Comparison:
+        num_layers = L
+        skip = Side(hand_trace(), [1, 2, 3, 4, 5])
+
+    # exits[k] is the depth that chose token k; position P + k fed token k and chose token k + 1.
+    panels = views.cache_panels(Comparison, [6, 2, 5, 3, 6])
+    skip, early = panels[0][1], panels[1][1]
+    assert skip.shape == early.shape == (L, P + 4)
+    assert list(early[:, P] == 1) == [True, True, False, False, False, False]
+    assert (early == 2).sum() == 8 and (skip == 2).sum() == 0
+
+
+def test_token_shading_follows_the_layers_that_chose_each_token():
+    class Update:
+        trace = hand_trace()
+        token_ids = [7, 8, 9]
+
+    assert views.token_layers(Update, L) == [L, 4, 3]  # the prefill chose token 0
+    html = views.tokens_html(["Hi", " <b>", "!"], [L, 4, 3], L)
+    assert "&lt;b&gt;" in html and "<b>" not in html  # model output is escaped
+    assert html.count('class="sd-token"') == 3 and "chosen after 4 of 6 layers" in html
+
+
+def test_batch_budget_figure_leaves_finished_rows_blank():
+    cells = pd.DataFrame({"row": [0, 0, 0, 1], "step": [0, 1, 2, 0], "budget": [4, 3, 2, 4]})
+    fig = plots.batch_budget_figure(cells, L)
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (2, 3) and list(z[0]) == [4, 3, 2]
+    assert z[1, 0] == 4 and math.isnan(z[1, 1]) and math.isnan(z[1, 2])
+
+
+def test_throughput_and_results_figures():
+    points = pd.DataFrame({"batch_size": [1, 2, 1, 2], "method": ["SkipDecode"] * 2 + ["full decoding"] * 2,
+                           "tokens_per_s": [50.0, 95.0, 20.0, 39.0]})
+    fig = plots.throughput_figure(points)
+    assert {t.name: list(t.y) for t in fig.data} == {"SkipDecode": [50.0, 95.0], "full decoding": [20.0, 39.0]}
+    e2e = pd.DataFrame({"row": ["1x", "3x", "1x", "3x"], "model": ["m"] * 4, "adapter": ["none", "none", "a", "a"],
+                        "speedup": [1, 3, 1, 3], "bleu": [30.0, 10.0, 60.0, 58.0],
+                        "decode_speedup": [1.0, 2.4, 1.0, 2.5]})
+    fig = plots.quality_speed_figure(e2e)
+    assert [t.name for t in fig.data] == ["m + none", "m + a"]
+    assert list(fig.data[1].x) == [1.0, 2.5] and fig.layout.xaxis.title.text == "measured decode speedup"
+    bench = pd.DataFrame({"method": ["skipdecode"] * 2 + ["calm"] * 2, "speedup": [1, 3] * 2,
+                          "batch_size": [1] * 4, "measured_speedup": [1.0, 2.2, 1.0, 1.5], "bound": [1, 2.4] * 2})
+    fig = plots.bench_figure(bench)
+    assert {t.name for t in fig.data if t.showlegend is not False} == {"calm, batch 1", "skipdecode, batch 1"}
+    with pytest.raises(ValueError, match="measured_speedup"):
+        plots.bench_figure(bench.drop(columns="measured_speedup"))
+
+
+def test_results_tables_say_when_they_are_missing(tmp_path):
+    missing = load_table("e2e", tmp_path)
+    assert missing.frame is None and "No `e2e.csv` yet" in missing.message and "skipdecode eval" in missing.message
+    (tmp_path / "bench.csv").write_text("speedup,batch_size,measured_speedup\n1,1,1.0\n3,1,2.5\n")
+    present = load_table("bench", tmp_path)
+    assert list(present.frame["measured_speedup"]) == [1.0, 2.5] and "2 rows" in present.message
