@@ -135,7 +135,7 @@ class Decoder:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
     def rope(self, positions: torch.Tensor, limit: int | None = None):
-        """cos/sin for positions [B, S], shaped [B, 1, S, head_dim] to broadcast over heads. `limit`, one
+        """cos/sin for positions [B, S], shaped [B, S, 1, head_dim] to broadcast over heads. `limit`, one
         past the largest position the caller will ask for, spares reading the positions back to the host."""
         if self.rotary is None:
             return None
@@ -146,7 +146,7 @@ class Decoder:
             cos, sin = self.rotary(self.embed_tokens, torch.arange(size, device=self.device)[None])
             self._rope_table = (cos[0], sin[0])
         cos, sin = self._rope_table
-        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
 
     def attention_bias(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean mask (True = may attend) as the additive mask SDPA uses, made once per generation."""
@@ -165,14 +165,14 @@ class Decoder:
         (None: every column)."""
         w = self.blocks[layer]
         B, S, _ = x.shape
-        q, k, v = w.qkv(self._norm(x, w.norm1)).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = self._rotate(self._heads(q, self.num_heads), rope)
-        k = self._rotate(self._heads(k, self.num_kv_heads), rope)
+        H, Hkv = self.num_heads, self.num_kv_heads
+        qkv = w.qkv(self._norm(x, w.norm1)).view(B, S, H + 2 * Hkv, self.head_dim)
+        qk = self._rotate(qkv[:, :, : H + Hkv], rope)  # queries and keys rotated in one go
         end = start + S
-        keys[:, :, start:end] = k
-        values[:, :, start:end] = self._heads(v, self.num_kv_heads)
+        keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
+        values[:, :, start:end] = qkv[:, :, H + Hkv:].transpose(1, 2)
         attn = F.scaled_dot_product_attention(
-            q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=self.gqa
+            qk[:, :, :H].transpose(1, 2), keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=self.gqa
         )
         x = x + w.out(attn.transpose(1, 2).reshape(B, S, self.q_size))
         h = w.up(self._norm(x, w.norm2))
@@ -191,17 +191,14 @@ class Decoder:
         if self._kv_only is None:  # the key/value rows of the fused matrices, packed on first use
             self._kv_only = [self._linear(b.qkv.weight[self.q_size:], None if b.qkv.bias is None
                                           else b.qkv.bias[self.q_size:]) for b in self.blocks]
-        k, v = self._kv_only[layer](self._norm(x, w.norm1)).split((self.kv_size, self.kv_size), dim=-1)
-        end = start + x.shape[1]
-        keys[:, :, start:end] = self._rotate(self._heads(k, self.num_kv_heads), rope)
-        values[:, :, start:end] = self._heads(v, self.num_kv_heads)
-
-    def _heads(self, t, heads):
-        """[B, S, heads * head_dim] -> [B, heads, S, head_dim]"""
-        return t.view(t.shape[0], t.shape[1], heads, self.head_dim).transpose(1, 2)
+        B, S, _ = x.shape
+        kv = self._kv_only[layer](self._norm(x, w.norm1)).view(B, S, 2 * self.num_kv_heads, self.head_dim)
+        keys[:, :, start:start + S] = self._rotate(kv[:, :, : self.num_kv_heads], rope).transpose(1, 2)
+        values[:, :, start:start + S] = kv[:, :, self.num_kv_heads:].transpose(1, 2)
 
     @staticmethod
     def _rotate(t, rope):
+        """RoPE on t [B, S, heads, head_dim]."""
         if rope is None:
             return t
         cos, sin = rope
