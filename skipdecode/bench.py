@@ -121,14 +121,18 @@ def hf_generate(engine, ids, new_tokens):
     input_ids = torch.tensor([[engine.pad_id] * (width - len(i)) + i for i in ids], device=device)
     attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
     config = engine.model.generation_config.__class__.from_dict(engine.model.generation_config.to_dict())
-    config.update(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=None, eos_token_id=None,
-                  pad_token_id=engine.pad_id, temperature=None, top_p=None, top_k=None)
+    # eos_token_id=[] (not None, which falls back to the model's EOS) generates exactly new_tokens tokens,
+    # the same ones our engine generates with stop_at_eos=False (min_new_tokens would mask EOS instead)
+    config.update(do_sample=False, max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=engine.pad_id)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     started = time.perf_counter()
     with torch.inference_mode():
         out = engine.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
     sync()
-    return (time.perf_counter() - started) * 1000, out[:, width:].tolist()
+    elapsed = (time.perf_counter() - started) * 1000
+    if out.shape[1] - width != new_tokens:  # a shorter run would flatter its tokens per second
+        raise RuntimeError(f"transformers generated {out.shape[1] - width} tokens, not {new_tokens}")
+    return elapsed, out[:, width:].tolist()
 
 
 # ---- quality --------------------------------------------------------------------------------------
@@ -148,9 +152,9 @@ def agreement(ids: list[list[int]], full: list[list[int]], eos_ids) -> float:
 
 # ---- the run --------------------------------------------------------------------------------------
 def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tokens=64, repeats=5,
-        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None):
+        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None):
     """All cases of one benchmark; returns (rows, goals). `items`: E2E items (data.Item), at least as
-    many as the largest batch; a batch of B takes the first B."""
+    many as the largest batch; a batch of B takes the first B. `labels` go into every row."""
     from .peers import calibrate
     from .schedule import Schedule, for_speedup
 
@@ -186,10 +190,10 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
                 if counted:
                     case.hf.append((total, first))
                 case.hf_tokens = tokens
-    return summarize(engine, items, ids, cases, new_tokens, peer_measure)
+    return summarize(engine, items, cases, new_tokens, peer_measure, labels or {})
 
 
-def summarize(engine, items, ids, cases, new_tokens, peer_measure):
+def summarize(engine, items, cases, new_tokens, peer_measure, labels):
     from .evaluate import score
     from .peers import average_token_layers
 
@@ -222,7 +226,7 @@ def summarize(engine, items, ids, cases, new_tokens, peer_measure):
         scored = biggest[(case.method, case.speedup)].generation
         texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
         row = {
-            "method": case.method, "dtype": str(engine.decoder.dtype).removeprefix("torch."),
+            "method": case.method, "dtype": str(engine.decoder.dtype).removeprefix("torch."), **labels,
             "speedup": case.speedup, "batch_size": B, "new_tokens": new_tokens, "prompt_tokens": trace.prompt_tokens,
             "repeats": len(case.samples), "layers_per_token": round(layers, 3),
             "batch_layers_per_step": round(trace.average_layers, 3),
@@ -394,8 +398,16 @@ def cmd_bench(args) -> int:
     before = machine()
     started = time.perf_counter()
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=args.adapter)
+    if args.no_pack:
+        from .transformer import Decoder
+
+        engine.decoder = Decoder(engine.model, pack=False)
+    labels = {"packed": engine.decoder.pack, "compiled": args.compile}
+    if args.compile:
+        labels["compile_s"] = compile_engine(engine, items, batch_sizes, args.new_tokens, say)
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
-                          hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say)
+                          hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
+                          labels=labels)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "seconds": round(time.perf_counter() - started, 1), "rows": rows, "goals": goal_rows}
@@ -405,9 +417,21 @@ def cmd_bench(args) -> int:
         print(json.dumps(report))
     else:
         print(f"{engine.name} on {before['cpu']} ({before['cores']} cores, {before['torch_threads']} threads), "
-              f"load average {before['load_average'][0]} -> {report['load_average_after'][0]}")
+              f"load average {before['load_average'][0]} -> {report['load_average_after'][0]}; "
+              + ", ".join(f"{k} {v}" for k, v in labels.items()))
         print(markdown(rows, goal_rows))
     return 0
+
+
+def compile_engine(engine, items, batch_sizes, new_tokens, say) -> float:
+    """torch.compile the decoder and run one generation per batch size so that every graph (prefill and
+    decode, batch 1 and batch > 1) is compiled before timing; returns those seconds, compilation included."""
+    say("compiling (torch.compile)")
+    engine.decoder.compile()
+    started = time.perf_counter()
+    for batch in sorted(set(batch_sizes)):
+        engine.generate([item.prompt for item in items[:batch]], max_new_tokens=new_tokens, stop_at_eos=False)
+    return round(time.perf_counter() - started, 1)
 
 
 def register(subparsers) -> None:
@@ -424,6 +448,9 @@ def register(subparsers) -> None:
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="float32", help="float32 (the reported rows), bfloat16 or float16")
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    bench.add_argument("--compile", action="store_true",
+                       help="torch.compile the layer math first (compile time reported as compile_s)")
+    bench.add_argument("--no-pack", action="store_true", help="plain F.linear instead of oneDNN-packed weights")
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")

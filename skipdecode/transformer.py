@@ -9,6 +9,7 @@ matrices are fused (query/key/value, gate/up) and, on a CPU, repacked for oneDNN
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,24 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():  # a compiled graph cannot hold the packed tensor: go through an op
+            return packed_linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+_PACKED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("skipdecode::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The packed product as an op torch.compile leaves alone; the packed copy is found by the plain
+    weight it was made from (registered by `Decoder.compile`)."""
+    return torch.ops.mkldnn._linear_pointwise(x, _PACKED[weight.data_ptr()], bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -163,7 +181,9 @@ class Decoder:
         """Run layer `layer` on x [B, S, d] at cache columns [start, start + S): write its keys and
         values there and attend over columns [0, start + S) under the additive `mask` [B, 1, S, start + S]
         (None: every column)."""
-        w = self.blocks[layer]
+        return self._layer(self.blocks[layer], x, rope, mask, keys, values, start)
+
+    def _layer(self, w: Block, x, rope, mask, keys, values, start: int):
         B, S, _ = x.shape
         H, Hkv = self.num_heads, self.num_kv_heads
         qkv = w.qkv(self._norm(x, w.norm1)).view(B, S, H + 2 * Hkv, self.head_dim)
@@ -195,6 +215,15 @@ class Decoder:
         kv = self._kv_only[layer](self._norm(x, w.norm1)).view(B, S, 2 * self.num_kv_heads, self.head_dim)
         keys[:, :, start:start + S] = self._rotate(kv[:, :, : self.num_kv_heads], rope).transpose(1, 2)
         values[:, :, start:start + S] = kv[:, :, self.num_kv_heads:].transpose(1, 2)
+
+    def compile(self, **options) -> None:
+        """torch.compile the layer math: pointwise work fused, the packed products left as oneDNN calls.
+        Compilation happens on the first calls of each shape family. Optional: on this 2-core CPU it does
+        not pay (`skipdecode bench --compile` measures it)."""
+        for linear in (lin for b in self.blocks for lin in (b.qkv, b.out, b.up, b.down)):
+            if linear.packed is not None:
+                _PACKED[linear.weight.data_ptr()] = linear.packed
+        self._layer = torch.compile(self._layer, dynamic=True, **options)
 
     @staticmethod
     def _rotate(t, rope):

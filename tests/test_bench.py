@@ -121,3 +121,17 @@ def test_bench_missing_data_is_a_clear_error(tmp_path):
     done = subprocess.run([sys.executable, "-m", "skipdecode", "bench", "--data", str(tmp_path / "nowhere.csv")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "E2E file not found" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_compiled_layers_give_the_same_tokens():
+    """`bench --compile`: the compiled layer math (packed products through the custom op) is the same math."""
+    from conftest import IdTokenizer, tiny_model
+    from skipdecode.engine import Engine
+
+    engine = Engine(tiny_model("llama"), IdTokenizer())
+    batch = [[1, 17, 43, 99, 5], [1, 250, 7]]
+    schedule = Schedule(4, 4, 2, warmup=1, horizon=5)
+    eager = [engine.generate(batch, s, max_new_tokens=10, stop_at_eos=False).token_ids for s in (None, schedule)]
+    engine.decoder.compile()
+    compiled = [engine.generate(batch, s, max_new_tokens=10, stop_at_eos=False).token_ids for s in (None, schedule)]
+    assert compiled == eager
