@@ -14,9 +14,8 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/skipdecode generate --speedup 2 --max-new-tokens 48 \
-		--prompt "name[The Eagle], eatType[coffee shop], food[French], area[riverside]. Describe this restaurant in one sentence."
+demo: $(STAMP)  # SkipDecode Studio at http://127.0.0.1:7860
+	GRADIO_ANALYTICS_ENABLED=False $(PY) app.py --host 127.0.0.1 --port 7860
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import gradio as gr
 import pandas as pd
 
+from skipdecode.bench import speed_figure
 from skipdecode.schedule import max_speedup
 
 from . import plots, views
@@ -96,7 +97,8 @@ class Callbacks:
         Returns both outputs, both traces (steps with budget, layers and ms) and the quality scores."""
         with user_errors():
             final = None
-            for final in self.studio.compare(prompt, Settings(speedup=speedup, max_new_tokens=max_new_tokens)):
+            settings = Settings(speedup=speedup, max_new_tokens=max_new_tokens)
+            for final in self.studio.compare(prompt, settings, self.studio.labels[0]):  # the page's default model
                 pass
             return final.to_dict()
 
@@ -110,11 +112,12 @@ class Callbacks:
         figure = plots.kv_cache_figure(panels, comparison.skip.trace.prompt_tokens)
         holes = [int((states == 2).sum()) for _, states in panels]
         generated = panels[0][1].shape[1] - comparison.skip.trace.prompt_tokens
-        note = (f"{generated} generated positions of the last comparison. SkipDecode: **{holes[0]} holes** "
-                f"(its budgets never grow, so every layer holds a complete prefix; the engine's cache lengths "
-                f"per layer were {_spans(comparison.skip.trace.cache_lengths)}). Per-token early exit at the "
-                f"depth where the full model's own prediction is already settled (an oracle, the best case of "
-                f"CALM-style exits): **{holes[1]} holes**, each to be recomputed or filled by copying.")
+        note = (f"**SkipDecode: {holes[0]} holes.** Its budgets never grow, so every layer holds a complete "
+                f"prefix (the engine's cache lengths per layer: {_spans(comparison.skip.trace.cache_lengths)}). "
+                f"**Per-token early exit: {holes[1]} holes**, entries a later token needs but nobody computed: "
+                "each must be recomputed, or filled by copying a lower layer's state. Its exits are an oracle's: "
+                "each token leaves at the first layer whose prediction already equals the full model's (the best "
+                f"case of CALM-style methods), over the first {generated} generated positions.")
         return figure, note
 
     # ---- Batch ------------------------------------------------------------------------------
@@ -143,7 +146,8 @@ class Callbacks:
     def results(self):
         """Each table with its plot when the file exists; otherwise only the message saying it is missing."""
         shown = []
-        pairs = ((load_table("e2e"), plots.quality_speed_figure), (load_table("bench"), plots.bench_figure))
+        pairs = ((load_table("e2e"), plots.quality_speed_figure),
+                 (load_table("bench"), lambda frame: plots.house_style(speed_figure(frame))))
         for table, figure in pairs:
             present = table.frame is not None
             shown += [table.message,
@@ -155,8 +159,8 @@ class Callbacks:
 def _safe_figure(build, frame):
     try:
         return build(frame)
-    except ValueError as error:  # a table from a newer benchmark with other columns
-        return plots.empty_figure(str(error))
+    except (KeyError, ValueError) as error:  # a table from another version, with other columns
+        return plots.empty_figure(f"Cannot plot this table: {error}")
 
 
 def _spans(lengths: list[int]) -> str:

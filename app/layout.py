@@ -93,11 +93,13 @@ def build(studio: Studio) -> gr.Blocks:
                     with gr.Column(scale=2):
                         model = gr.Dropdown(studio.labels, value=studio.labels[0], label="Model",
                                             interactive=len(studio.labels) > 1,
-                                            info="fine-tuned adapters join this list when shipped")
+                                            info="auto picks the adapter trained for the target speedup"
+                                            if len(studio.labels) > 1 else
+                                            "fine-tuned adapters join this list when assets/adapters has them")
                         speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=3, step=0.25,
                                             label="Target speedup", info=f"average layers per token = {L} / speedup")
                         max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
-                                                   label="Max new tokens")
+                                                   label="Max new tokens", elem_id="sd-max-new-tokens")
                         decoding = gr.Radio(["greedy", "sampling"], value="greedy", label="Decoding")
                         with gr.Row():
                             run = gr.Button("Run", variant="primary", elem_id="sd-run", scale=3)
@@ -173,8 +175,8 @@ def build(studio: Studio) -> gr.Blocks:
                 gr.Markdown("Which positions each layer holds in its KV cache after the last comparison: under "
                             "SkipDecode, and under per-token early exit on the same tokens.")
                 with gr.Row():
-                    kv_button = gr.Button("Show the KV cache of the last comparison", variant="primary", scale=0,
-                                          min_width=340, elem_id="sd-kv-run")
+                    kv_button = gr.Button("Show the KV cache of the last run", variant="primary", scale=0,
+                                          min_width=320, elem_id="sd-kv-run")
                 kv_note = gr.Markdown()
                 kv_plot = gr.Plot(show_label=False, elem_id="sd-kv-plot")
 

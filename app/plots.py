@@ -244,26 +244,6 @@ def quality_speed_figure(e2e: pd.DataFrame, metric: str = "bleu") -> go.Figure:
     return _style(fig, f"E2E quality against speedup ({metric.replace('_', '-')})")
 
 
-def bench_figure(bench: pd.DataFrame) -> go.Figure:
-    """Measured speedup against the target, one line per batch size (and method, when the table has
-    one), with the cost-model bound dashed when the table has it."""
-    _require(bench, ["speedup", "batch_size", "measured_speedup"], "the benchmark table")
-    fig = go.Figure()
-    method = "method" if "method" in bench.columns else None
-    key = [method, "batch_size"] if method else ["batch_size"]
-    for index, (name, group) in enumerate(bench.groupby(key, sort=True)):
-        name = name if isinstance(name, tuple) else (name,)
-        label = ", ".join(f"batch {v}" if k == "batch_size" else str(v) for k, v in zip(key, name))
-        colour = SERIES[index % len(SERIES)]
-        group = group.sort_values("speedup")
-        fig.add_trace(go.Scatter(x=group["speedup"], y=group["measured_speedup"], name=label, mode="lines+markers",
-                                 line=dict(color=colour, width=2), marker=dict(size=8), legendgroup=label,
-                                 hovertemplate=label + ": target %{x}x, measured %{y:.2f}x<extra></extra>"))
-        if "bound" in group.columns and group["bound"].notna().any():
-            fig.add_trace(go.Scatter(x=group["speedup"], y=group["bound"], name=f"{label}: bound", mode="lines",
-                                     line=dict(color=colour, width=1, dash="dot"), legendgroup=label,
-                                     showlegend=False,
-                                     hovertemplate=label + ": bound %{y:.2f}x<extra></extra>"))
-    fig.update_xaxes(title="target speedup (layers)")
-    fig.update_yaxes(title="measured decode speedup", rangemode="tozero")
-    return _style(fig, "Speed: measured against target (dotted: cost-model bound)")
+def house_style(fig: go.Figure) -> go.Figure:
+    """A figure built elsewhere (e.g. `skipdecode.bench.speed_figure`) in this app's look, title kept."""
+    return _style(fig, fig.layout.title.text or "")

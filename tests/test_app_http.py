@@ -5,7 +5,7 @@ import threading
 import pytest
 from gradio_client import Client
 
-from appserver import served_app
+from appserver import app_url
 from skipdecode.schedule import for_speedup
 
 pytestmark = pytest.mark.slow
@@ -16,9 +16,7 @@ TOKENS = 6
 
 @pytest.fixture(scope="module")
 def url():
-    # A long batching window makes "requests that arrive together" deterministic for the test.
-    with served_app({"SKIPDECODE_BATCH_WINDOW_S": "0.8"}) as url:
-        yield url
+    return app_url()
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +89,20 @@ def test_bad_input_gets_a_clear_message_and_the_server_stays_up(client, args, me
         client.predict(*args, api_name="/compare")
     assert message in str(error.value)
     assert client.predict("Hi", 2.0, 1, api_name="/compare")["full"]["token_ids"]
+
+
+def test_listens_on_all_interfaces_only_on_spaces_or_when_told(monkeypatch):
+    import importlib.util
+
+    from appserver import ROOT
+
+    spec = importlib.util.spec_from_file_location("app_entry", ROOT / "app.py")  # `app` is the package
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    assert entry.server_name() == "127.0.0.1"
+    monkeypatch.setenv("SPACE_ID", "user/skipdecode-studio")
+    assert entry.server_name() == "0.0.0.0"
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "10.0.0.5")
+    assert entry.server_name() == "10.0.0.5"

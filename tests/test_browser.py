@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from appserver import ROOT, served_app
+from appserver import ROOT, app_url
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
@@ -22,10 +22,10 @@ def page():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
     from playwright.sync_api import sync_playwright
 
-    with served_app() as url, sync_playwright() as p:
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 900})
-        page.goto(url)
+        page.goto(app_url())
         page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
         yield page
         browser.close()
@@ -33,6 +33,9 @@ def page():
 
 def test_run_streams_both_outputs_and_draws_every_plot(page):
     page.fill("#sd-prompt textarea", PROMPT)
+    tokens = page.locator("#sd-max-new-tokens input[type=number]")
+    tokens.fill("24")
+    tokens.press("Enter")
     page.click("#sd-run")
     # Streaming: tokens show while the run is still going (the cursor marks an unfinished output).
     page.wait_for_selector("#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor",
@@ -48,7 +51,7 @@ def test_run_streams_both_outputs_and_draws_every_plot(page):
         text = page.locator(plot).inner_text()
         assert all(w in text for w in words), (plot, text)
     status = page.locator("#sd-status").inner_text()
-    assert "batch #" in status and "interleaved" in status
+    assert "batch #" in status and "interleaved" in status and "over 24 positions" in status
     quality = page.locator("#sd-quality").inner_text()
     assert "E2E references" in quality and "perplexity" in quality
     page.wait_for_timeout(800)  # let plotly finish its transitions

