@@ -33,6 +33,7 @@ from .data import E2E_ENV, read_items, resolve
 
 E2E_TEST = "testset_w_refs.csv"
 DEFAULT_OUT = Path("assets") / "results" / "bench.csv"
+README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode bench: end -->"
 GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0}
 
 
@@ -263,7 +264,8 @@ def goals(rows) -> list[dict]:
 
     def goal(name, value, threshold, strict=False):
         ok = value > threshold if strict else value >= threshold
-        out.append({"goal": name, "value": round(value, 3), "threshold": threshold, "holds": bool(ok)})
+        out.append({"goal": name, "value": round(value, 3), "op": ">" if strict else ">=", "threshold": threshold,
+                    "holds": bool(ok)})
 
     if ("full", 1, 1) in at and "vs_hf" in at[("full", 1, 1)]:
         goal("full depth, batch 1: tokens/s vs transformers generate (end to end)", at[("full", 1, 1)]["vs_hf"],
@@ -306,7 +308,7 @@ def machine() -> dict:
 
 # ---- output ---------------------------------------------------------------------------------------
 COLUMNS = [("method", "method", "{}"), ("speedup", "x", "{:g}"), ("batch_size", "batch", "{}"),
-           ("layers_per_token", "layers", "{:.1f}"), ("ms_per_token", "ms/token", "{:.1f}"),
+           ("layers_per_token", "layers/token", "{:.1f}"), ("batch_layers_per_step", "layers/step", "{:.1f}"), ("ms_per_token", "ms/token", "{:.1f}"),
            ("tokens_per_s", "tok/s", "{:.1f}"), ("e2e_tokens_per_s", "e2e tok/s", "{:.1f}"),
            ("measured_speedup", "speedup", "{:.2f}"), ("bound", "bound", "{:.2f}"),
            ("efficiency", "efficiency", "{:.2f}"), ("hf_generate_tokens_per_s", "HF tok/s", "{:.1f}"),
@@ -321,9 +323,34 @@ def markdown(rows, goal_rows) -> str:
         lines.append("| " + " | ".join(fmt.format(row[key]) if key in row else "" for key, _, fmt in COLUMNS) + " |")
     lines.append("")
     for g in goal_rows:
-        lines.append(f"- {g['goal']}: {g['value']:.2f} (goal {'>' if 'peer' in g['goal'] else '>='} "
-                     f"{g['threshold']:g}): {'holds' if g['holds'] else 'does NOT hold'}")
+        lines.append(f"- {g['goal']}: {g['value']:.2f} (goal {g['op']} {g['threshold']:g}): "
+                     f"{'holds' if g['holds'] else 'does NOT hold'}")
     return "\n".join(lines)
+
+
+def headline(report: dict) -> str:
+    m = report["machine"]
+    labels = ", ".join(f"{k} {v}" for k, v in report["labels"].items())
+    return (f"{report['model']} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads, {m['device']}), "
+            f"torch {m['torch']}, {report['date']}; load average {m['load_average'][0]} before, "
+            f"{report['load_average_after'][0]} after; {labels}; {report['seconds']:.0f} s")
+
+
+def readme_parts(path: Path) -> tuple[str, str]:
+    """The text before and after the README's benchmark section (checked before a long run starts)."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if README_BEGIN not in text or README_END not in text.split(README_BEGIN, 1)[1]:
+        raise ValueError(f"{path} has no '{README_BEGIN}' ... '{README_END}' section to fill")
+    head, rest = text.split(README_BEGIN, 1)
+    return head, rest.split(README_END, 1)[1]
+
+
+def update_readme(path: Path, report: dict) -> None:
+    """Put this run's table between the README's markers, so the figures there are this command's."""
+    head, tail = readme_parts(path)
+    body = (f"\n`{report['command']}`\n\n{headline(report)}\n\n"
+            f"{markdown(report['rows'], report['goals'])}\n")
+    path.write_text(head + README_BEGIN + body + README_END + tail, encoding="utf-8")
 
 
 def write_results(rows, report: dict, out: Path) -> None:
@@ -385,6 +412,8 @@ def cmd_bench(args) -> int:
         raise ValueError("batch sizes and speedups must be >= 1")
     if args.new_tokens < 2 or args.repeats < 1:
         raise ValueError("--new-tokens must be >= 2 and --repeats >= 1")
+    if args.readme:
+        readme_parts(Path(args.readme))
     try:
         items = read_items(resolve(args.data, E2E_TEST))
     except FileNotFoundError as error:
@@ -409,16 +438,17 @@ def cmd_bench(args) -> int:
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
                           labels=labels)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
+              "date": time.strftime("%Y-%m-%d"), "labels": labels,
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "seconds": round(time.perf_counter() - started, 1), "rows": rows, "goals": goal_rows}
     if args.out:
         write_results(rows, report, Path(args.out))
+    if args.readme:
+        update_readme(Path(args.readme), report)
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{engine.name} on {before['cpu']} ({before['cores']} cores, {before['torch_threads']} threads), "
-              f"load average {before['load_average'][0]} -> {report['load_average_after'][0]}; "
-              + ", ".join(f"{k} {v}" for k, v in labels.items()))
+        print(headline(report))
         print(markdown(rows, goal_rows))
     return 0
 
@@ -455,5 +485,7 @@ def register(subparsers) -> None:
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")
     bench.add_argument("--out", default=str(DEFAULT_OUT), help="CSV to write (and .json beside it); '' for none")
+    bench.add_argument("--readme", default=None, help=f"also write the table into this file between "
+                                                      f"'{README_BEGIN}' and '{README_END}'")
     bench.add_argument("--json", action="store_true", help="print one JSON object (rows, goals, machine)")
     bench.set_defaults(func=cmd_bench)

@@ -135,3 +135,24 @@ def test_compiled_layers_give_the_same_tokens():
     engine.decoder.compile()
     compiled = [engine.generate(batch, s, max_new_tokens=10, stop_at_eos=False).token_ids for s in (None, schedule)]
     assert compiled == eager
+
+
+def test_readme_section_is_replaced_and_the_rest_kept(tmp_path):
+    from skipdecode.bench import README_BEGIN, README_END, update_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nintro\n{README_BEGIN}\nold table\n{README_END}\n\n## After\n")
+    row = {"method": "full", "speedup": 1, "batch_size": 1, "layers_per_token": 30.0, "ms_per_token": 20.0,
+           "tokens_per_s": 50.0, "bound": 1.0, "efficiency": 1.0}
+    report = {"command": "skipdecode bench --speedups 1", "model": "m", "date": "2026-01-01", "seconds": 3.0,
+              "labels": {"packed": True}, "load_average_after": [0.1],
+              "machine": {"cpu": "cpu", "cores": 2, "torch_threads": 2, "device": "cpu", "torch": "2",
+                          "load_average": [0.2]},
+              "rows": [row], "goals": goals([row])}
+    update_readme(readme, report)
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nintro\n") and text.endswith(f"{README_END}\n\n## After\n")
+    assert "old table" not in text and "`skipdecode bench --speedups 1`" in text and "| full | 1 | 1 | 30.0 |" in text
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="section"):
+        update_readme(readme, report)
