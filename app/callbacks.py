@@ -132,15 +132,15 @@ class Callbacks:
                 if now - drawn >= PLOT_EVERY_S or run.done:
                     drawn = now
                     cells = views.batch_cells(run)
-                    figure = (plots.batch_budget_figure(cells, engine.num_layers) if len(cells)
-                              else plots.empty_figure("Waiting for the first positions…"))
-                yield views.batch_status(run), views.batch_table(run), figure
+                    figure = gr.Plot(plots.batch_budget_figure(cells, engine.num_layers) if len(cells)
+                                     else plots.empty_figure("Waiting for the first positions…"), visible=True)
+                yield views.batch_status(run), gr.Dataframe(views.batch_table(run), visible=True), figure
 
     def throughput(self, prompts_text, model, speedup, max_new_tokens):
         prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
         with user_errors():
             table = self.studio.throughput(prompts, Settings(speedup=speedup, max_new_tokens=max_new_tokens), model)
-        return plots.throughput_figure(table), table
+        return gr.Plot(plots.throughput_figure(table), visible=True), gr.Dataframe(table, visible=True)
 
     # ---- Results ----------------------------------------------------------------------------
     def results(self):

@@ -162,13 +162,13 @@ def build(studio: Studio) -> gr.Blocks:
                             batch_run = gr.Button("Run batch", variant="primary", elem_id="sd-batch-run")
                             batch_measure = gr.Button("Measure throughput vs batch size")
                 batch_status = gr.Markdown()
-                batch_plot = gr.Plot(show_label=False)
-                batch_table = gr.Dataframe(label="Outputs", wrap=True, interactive=False,
+                batch_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-batch-plot")
+                batch_table = gr.Dataframe(label="Outputs", wrap=True, interactive=False, visible=False,
                                            column_widths=["6%", "24%", "30%", "30%", "10%"])
                 with gr.Row():
-                    throughput_plot = gr.Plot(show_label=False)
+                    throughput_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-throughput-plot")
                     throughput_table = gr.Dataframe(label="Throughput runs (each size: one SkipDecode and one "
-                                                    "full batch, interleaved)", interactive=False)
+                                                    "full batch, interleaved)", interactive=False, visible=False)
 
             # ---- KV cache -----------------------------------------------------------------------
             with gr.Tab("KV cache", id="kv"):
