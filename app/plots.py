@@ -121,8 +121,10 @@ def layer_map_figure(run: pd.DataFrame, num_layers: int, prompt_tokens: int, war
     return _style(fig, "Layers run at every position", height=360)
 
 
-def latency_figure(skip: pd.DataFrame, full: pd.DataFrame) -> go.Figure:
-    """Per-token and cumulative latency of both runs (cumulative includes the prefill)."""
+def latency_figure(skip: pd.DataFrame, full: pd.DataFrame, measured: float | None = None,
+                   theoretical: float | None = None) -> go.Figure:
+    """Per-token and cumulative latency of both runs (cumulative includes the prefill); the title gives
+    the measured decode speedup against the theoretical one when they are known."""
     for frame, name in ((skip, "the SkipDecode run"), (full, "the full run")):
         _require(frame, ["step", "ms", "cumulative_ms"], name)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14)
@@ -137,7 +139,10 @@ def latency_figure(skip: pd.DataFrame, full: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title="ms per token", row=1, col=1)
     fig.update_yaxes(title="cumulative ms (with prefill)", row=1, col=2)
-    return _style(fig, "Latency of both runs")
+    title = "Latency of both runs"
+    if measured is not None and theoretical is not None:
+        title += f": SkipDecode {measured:.2f}× faster per token, {theoretical:.2f}× fewer layers"
+    return _style(fig, title)
 
 
 # ---- KV cache tab -------------------------------------------------------------------------------

@@ -166,7 +166,9 @@ def compare_figures(comparison: Comparison):
                                        comparison.schedule.warmup if comparison.schedule.mode == "skip" else 0)
     if comparison.full is None or not comparison.full.trace.steps:
         return budget, layer_map, plots.empty_figure("Waiting for full decoding…")
-    return budget, layer_map, plots.latency_figure(skip, comparison.full.trace.to_frame())
+    speed = comparison.speedups()
+    return budget, layer_map, plots.latency_figure(skip, comparison.full.trace.to_frame(), speed["measured"],
+                                                   speed["layers"])
 
 
 # ---- KV cache -----------------------------------------------------------------------------------

@@ -106,3 +106,27 @@ def test_listens_on_all_interfaces_only_on_spaces_or_when_told(monkeypatch):
     assert entry.server_name() == "0.0.0.0"
     monkeypatch.setenv("GRADIO_SERVER_NAME", "10.0.0.5")
     assert entry.server_name() == "10.0.0.5"
+
+
+def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_speedup(tmp_path, monkeypatch):
+    import json
+
+    from app.studio import AUTO, Studio, configured_models
+    from skipdecode.batcher import Batcher
+
+    ours = "SmolLM2-135M-Instruct"
+    for name, speedups, base in (("all", [1, 2, 3, 4, 5], ours), ("skip3x", [3], ours), ("other", [3], "another")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text("{}")
+        (folder / "skipdecode.json").write_text(json.dumps({"base_model": base, "speedups": speedups,
+                                                            "config": {"horizon": 32}}))
+    monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(tmp_path))
+    models = configured_models(ours)
+    assert [m.label for m in models][:2] == [AUTO, "SmolLM2-135M-Instruct (base)"]
+    assert {m.adapter for m in models} == {None, "all", "skip3x"}  # not the adapter made for another model
+    studio = Studio(models, batcher=Batcher())
+    assert studio.choice(AUTO, 3.0).adapter == "skip3x" and studio.choice(AUTO, 2.0).adapter == "all"
+    assert studio.choice(AUTO, 3.0).horizon == 32
+    with pytest.raises(ValueError, match="unknown model"):
+        studio.choice("/etc/passwd")

@@ -58,6 +58,7 @@ def test_latency_figure_has_both_runs_per_token_and_cumulative():
     assert per_token["SkipDecode"] == pytest.approx(expected, abs=1e-3)  # the trace keeps ms to 4 decimals
     cumulative = [t for t in fig.data if t.xaxis == "x2" and t.name == "full decoding"][0]
     assert list(cumulative.y) == [15.0, 25.0, 35.0, 45.0]  # the prefill's 5 ms first
+    assert "1.80× faster per token, 2.00× fewer layers" in plots.latency_figure(skip, full, 1.8, 2.0).layout.title.text
 
 
 def test_skipdecode_cache_has_no_holes_and_per_token_early_exit_has_them():
