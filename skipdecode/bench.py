@@ -425,6 +425,9 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     say = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     before = machine()
+    if before["load_average"][0] > 0.5 * (before["cores"] or 1):
+        say(f"warning: load average {before['load_average'][0]} on {before['cores']} cores before the run; "
+            "other processes will distort the timings (both the figures and their ratios)")
     started = time.perf_counter()
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=args.adapter)
     if args.no_pack:
