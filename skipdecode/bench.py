@@ -410,8 +410,8 @@ def cmd_bench(args) -> int:
     batch_sizes = _numbers(args.batch_sizes, int)
     if any(b < 1 for b in batch_sizes) or any(s < 1 for s in speedups):
         raise ValueError("batch sizes and speedups must be >= 1")
-    if args.new_tokens < 2 or args.repeats < 1:
-        raise ValueError("--new-tokens must be >= 2 and --repeats >= 1")
+    if args.new_tokens < 2 or args.repeats < 1 or args.threads < 0:
+        raise ValueError("--new-tokens must be >= 2, --repeats >= 1 and --threads >= 0")
     if args.readme:
         readme_parts(Path(args.readme))
     try:
