@@ -60,13 +60,22 @@ def find_adapter(name_or_path: str | os.PathLike) -> AdapterInfo:
     raise ValueError(f"unknown adapter {str(name_or_path)!r}; available: {names}")
 
 
+def same_base(a: str, b: str) -> bool:
+    """The Hub's SmolLM2-135M-Instruct is the model the bundled GGUF quantizes to 4 bits: an adapter
+    trained on one applies to the other (measured here on the bundled copy only)."""
+    from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
+
+    alias = {DEFAULT_HUB_ID: DEFAULT_MODEL}
+    return alias.get(a, a) == alias.get(b, b)
+
+
 def adapter_for(speedup: float, base_model: str | None = None) -> AdapterInfo | None:
     """The adapter to decode `speedup` with: one trained for exactly that speedup, else a one-for-all
     adapter that covers it, else the one trained nearest to it; None when there is none for the model."""
     from .models import DEFAULT_MODEL
 
     base = base_model or DEFAULT_MODEL
-    candidates = [a for a in available_adapters() if a.base_model == base]
+    candidates = [a for a in available_adapters() if same_base(a.base_model, base)]
     if not candidates:
         return None
 
@@ -82,7 +91,7 @@ def merge_adapter(model, info: AdapterInfo, model_name: str):
     """The model with the adapter's LoRA deltas merged into its weights."""
     from peft import PeftModel
 
-    if info.base_model != model_name:
+    if not same_base(info.base_model, model_name):
         raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {model_name}")
     try:
         return PeftModel.from_pretrained(model, str(info.path)).merge_and_unload()

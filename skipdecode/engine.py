@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .cache import KVCache
+from .prompts import encode_prompt, has_chat_template
 from .sampling import Sampling, next_tokens
 from .schedule import Schedule
 from .trace import StepRecord, Trace
@@ -93,19 +94,11 @@ class Engine:
     # ---- prompts ------------------------------------------------------------------------------
     @property
     def is_chat(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return has_chat_template(self.tokenizer)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of one prompt; text goes through the chat template when the model has one."""
-        if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
-        if not prompt.strip():
-            raise ValueError("prompt is empty")
-        if self.is_chat if chat is None else chat:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(prompt)["input_ids"]
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     # ---- generation ---------------------------------------------------------------------------
     def generate(self, prompts, schedule=None, max_new_tokens=64, sampling=Sampling(), chat=None,

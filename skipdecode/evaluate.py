@@ -64,15 +64,15 @@ def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
     """Corpus BLEU and chrF against every reference of each MR, mean best-reference ROUGE-L F1,
     slot error rate; all in percent."""
     import sacrebleu
-    from rouge_score import rouge_scorer
+
+    from .quality import rouge_l
 
     depth = max(len(item.refs) for item in items)
     streams = [[item.refs[k] if k < len(item.refs) else None for item in items] for k in range(depth)]
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    rouge = [scorer.score_multi(list(item.refs), out)["rougeL"].fmeasure for item, out in zip(items, outputs)]
+    rouge = [rouge_l(out, item.refs) for item, out in zip(items, outputs)]
     return {
         "bleu": sacrebleu.corpus_bleu(outputs, streams).score,
-        "rouge_l": 100.0 * sum(rouge) / len(rouge),
+        "rouge_l": sum(rouge) / len(rouge),
         "chrf": sacrebleu.corpus_chrf(outputs, streams).score,
         "ser": 100.0 * slot_error_rate(items, outputs),
     }

@@ -74,6 +74,7 @@ def test_adapter_for_prefers_exact_then_one_for_all_then_nearest(tmp_path, monke
     assert adapters.adapter_for(2).name == "all"
     assert adapters.adapter_for(7).name == "six"
     assert adapters.adapter_for(2, base_model="gpt2").name == "other-model"
+    assert adapters.adapter_for(3, base_model="HuggingFaceTB/SmolLM2-135M-Instruct").name == "three"  # Hub copy
     with pytest.raises(ValueError, match="unknown adapter 'nope'; available: all, other-model, six, three"):
         adapters.find_adapter("nope")
 
