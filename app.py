@@ -2,19 +2,24 @@
 
 Listens on 127.0.0.1:7860 by default; on 0.0.0.0 on Spaces (SPACE_ID set) or when GRADIO_SERVER_NAME
 says so. The model loads before the server starts, so the first click does not wait for it.
+Serving limits come from options or the environment: a host can tighten them without editing code.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
-from app.layout import CSS, build, theme
+from app.layout import CONCURRENCY, CSS, build, theme
 from app.studio import Limits, Studio
 from skipdecode.batcher import DEFAULT_WINDOW_S, Batcher
 
-QUEUE_SIZE = 64  # requests waiting beyond this are told the app is busy
+QUEUE_SIZE = 64  # requests waiting beyond the running ones; more are told "busy, try again"
 WINDOW_ENV = "SKIPDECODE_BATCH_WINDOW_S"  # how long an idle server waits for requests to batch together
+QUEUE_ENV = "SKIPDECODE_QUEUE_SIZE"
+CONCURRENCY_ENV = "SKIPDECODE_CONCURRENCY"  # decoding requests in flight at once (they share batches)
+TIME_LIMIT_ENV = "SKIPDECODE_TIME_LIMIT_S"  # wall time one request may take
 
 
 def server_name() -> str:
@@ -23,19 +28,39 @@ def server_name() -> str:
     return "0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1"
 
 
+def positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=server_name())
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    parser.add_argument("--queue-size", type=positive(int), default=os.environ.get(QUEUE_ENV, QUEUE_SIZE),
+                        help=f"requests that may wait for a free slot (${QUEUE_ENV}, default {QUEUE_SIZE})")
+    parser.add_argument("--concurrency", type=positive(int), default=os.environ.get(CONCURRENCY_ENV, CONCURRENCY),
+                        help=f"decoding requests in flight at once (${CONCURRENCY_ENV}, default {CONCURRENCY})")
+    parser.add_argument("--time-limit", type=positive(float),
+                        default=os.environ.get(TIME_LIMIT_ENV, Limits.time_limit_s),
+                        help=f"seconds one request may run (${TIME_LIMIT_ENV}, default {Limits.time_limit_s:g})")
     args = parser.parse_args(argv)
-    limits = Limits()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    limits = Limits(time_limit_s=args.time_limit)
     window = float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S))
     studio = Studio(limits=limits, batcher=Batcher(window_s=window, time_limit_s=limits.time_limit_s))
     studio.engine()  # load the default model now
-    demo = build(studio)
-    demo.queue(max_size=QUEUE_SIZE)
+    demo = build(studio, concurrency=args.concurrency)
+    demo.queue(max_size=args.queue_size)
     demo.launch(server_name=args.host, server_port=args.port, theme=theme(), css=CSS, show_error=False,
-                ssr_mode=False, footer_links=["api", "gradio"])
+                ssr_mode=False, footer_links=["api", "gradio"], max_threads=max(40, args.concurrency + 8))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """What each button does: plain functions from the widgets' values to the widgets' new values.
 
 They validate, call the studio, and turn its results into page content with `views` and `plots`.
-A ValueError (bad input) or TimeoutError (time limit) becomes a gr.Error: the person sees the message,
-the server stays up, and no stack trace or local path reaches the browser.
+A ValueError (bad input) or TimeoutError (time limit) becomes a gr.Error with its message; anything else
+is logged with its traceback on the server and the person gets a plain apology. Either way the server
+stays up, and no stack trace or local path reaches the browser.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from contextlib import contextmanager
 
@@ -18,23 +21,47 @@ from skipdecode.schedule import max_speedup
 
 from . import plots, views
 from .results import load_table
-from .studio import Settings, Studio
+from .studio import Settings, Studio, shown
 
 PLOT_EVERY_S = 0.6  # plots redraw at most this often while tokens stream (the text updates every token)
+DECODINGS = ("greedy", "sampling")
+INTERNAL_ERROR = ("Something went wrong on the server while running this request; it has been logged. "
+                  "Please try again, or change the input or the model.")
+MESSAGE_CHARS = 400  # an error message longer than this is cut
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")  # /a/b, C:\a\b: local paths
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")  # what starts a tag, a comment or a declaration
+log = logging.getLogger("skipdecode.app")
+
+
+def for_the_user(error: BaseException) -> str:
+    """An error's message with local paths taken out, cut to a readable length, and with anything that
+    would open an HTML tag escaped: Gradio shows the message as HTML, and it may quote what the user sent
+    (plain comparisons such as ">= 1" stay as they are for API clients)."""
+    message = _PATH.sub("[path]", str(error)).strip() or type(error).__name__
+    message = message if len(message) <= MESSAGE_CHARS else message[: MESSAGE_CHARS - 1] + "…"
+    return _TAG.sub("&lt;", message.replace("&", "&amp;"))
 
 
 @contextmanager
 def user_errors():
-    """Bad input and time limits as messages for the person, not tracebacks."""
+    """Bad input and time limits as messages for the person, anything else as an apology; never a
+    traceback. gr.Error passes through: it is a message already."""
     try:
         yield
+    except gr.Error:
+        raise
     except (ValueError, TimeoutError) as error:
-        raise gr.Error(str(error), print_exception=False) from None
+        raise gr.Error(for_the_user(error), print_exception=False) from None
+    except Exception:
+        log.exception("internal error while serving a request")
+        raise gr.Error(INTERNAL_ERROR, print_exception=False) from None
 
 
 def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, top_p=0.9, top_k=0, seed=0,
                   manual=False, max_budget=20, min_budget=6, warmup=2, horizon=0, decay="linear",
                   mode="skip") -> Settings:
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}; got {shown(decoding)}")
     return Settings(speedup=speedup, max_new_tokens=max_new_tokens, manual_budgets=bool(manual),
                     max_budget=max_budget, min_budget=min_budget, warmup=warmup, horizon=horizon or 0,
                     decay=decay, mode=mode, sampling=decoding == "sampling", temperature=temperature,
@@ -49,13 +76,16 @@ class Callbacks:
     def preview(self, model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode):
         """The schedule the settings describe, before anything runs (no model call)."""
         engine = self.studio.engine()  # every configured model shares the base's layers
-        settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
-                                 min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay, mode=mode)
         try:
-            schedule = settings.schedule(engine.num_layers, self.studio.choice(model, speedup).horizon)
-        except ValueError as error:
-            return plots.empty_figure(f"Invalid schedule: {error}"), f"⚠️ {error}"
-        steps = max(int(settings.max_new_tokens) - 1, 1)
+            with user_errors():
+                settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
+                                         min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay,
+                                         mode=mode)
+                schedule = settings.schedule(engine.num_layers, self.studio.choice(model, speedup).horizon,
+                                             self.studio.limits)
+                steps = max(int(settings.max_new_tokens) - 1, 1)
+        except gr.Error as error:
+            return plots.empty_figure(f"Invalid schedule: {error.message}"), f"⚠️ {error.message}"
         frame = views.scheduled_frame(schedule, steps)
         average = frame["budget"].mean()
         limit = max_speedup(engine.num_layers, schedule.warmup)
@@ -66,12 +96,15 @@ class Callbacks:
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
                 manual, max_budget, min_budget, warmup, horizon, decay, mode):
-        settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
-                                 max_budget, min_budget, warmup, horizon, decay, mode)
         with user_errors():
-            drawn = 0.0
+            settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
+                                     max_budget, min_budget, warmup, horizon, decay, mode)
+            drawn, texts = 0.0, None
             for comparison in self.studio.compare(prompt, settings, model):
-                outputs = self._compare_outputs(comparison, self.studio.engine(comparison.model).tokenizer)
+                if texts is None:  # one incremental detokenizer per side for the whole stream
+                    tokenizer = self.studio.engine(comparison.model).tokenizer
+                    texts = (views.TokenText(tokenizer), views.TokenText(tokenizer))
+                outputs = self._compare_outputs(comparison, texts)
                 now = time.monotonic()
                 if now - drawn >= PLOT_EVERY_S or comparison.quality is not None:
                     drawn = now
@@ -79,26 +112,35 @@ class Callbacks:
                 else:
                     yield outputs + [gr.skip()] * 3
 
-    def _compare_outputs(self, comparison, tokenizer) -> list:
+    def _compare_outputs(self, comparison, texts) -> list:
         running = comparison.quality is None
         sides = []
-        for update in (comparison.skip, comparison.full):
+        for update, text in zip((comparison.skip, comparison.full), texts):
             if update is None:
                 sides.append(views.EMPTY_OUTPUT)
                 continue
-            pieces = views.token_pieces(tokenizer, update.token_ids)
+            pieces = text.pieces(update.token_ids)
             sides.append(views.tokens_html(pieces, views.token_layers(update, comparison.num_layers),
                                            comparison.num_layers, streaming=running and not update.finished))
         return [views.status_markdown(comparison, running), *sides, views.metrics_html(comparison),
                 views.quality_html(comparison), comparison if not running else gr.skip()]
 
-    def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48) -> dict:
-        """Run SkipDecode (greedy, the default schedule for `speedup`) and full decoding on `prompt`.
-        Returns both outputs, both traces (steps with budget, layers and ms) and the quality scores."""
+    def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",
+                    decoding: str = "greedy", temperature: float = 0.7, top_p: float = 0.9, top_k: int = 0,
+                    seed: int = 0, max_budget: int = 0, min_budget: int = 0, warmup: int = 2, horizon: int = 0,
+                    decay: str = "linear", mode: str = "skip") -> dict:
+        """Run SkipDecode and full decoding on `prompt`: by default greedy, with the default schedule for
+        `speedup`, on the page's default model. Optional, as on the page: `model` (one of the page's model
+        labels), `decoding` ("greedy" or "sampling", with temperature, top_p, top_k and seed), the schedule
+        by hand (`max_budget` and `min_budget`, both set, replace the speedup; `warmup`, `horizon` (0 = max
+        new tokens), `decay`, `mode`). Returns both outputs, both traces (steps with budget, layers and ms)
+        and the quality scores; bad input is an error whose message says what to change."""
         with user_errors():
+            manual = bool(max_budget or min_budget)
+            settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
+                                     max_budget, min_budget, warmup, horizon, decay, mode)
             final = None
-            settings = Settings(speedup=speedup, max_new_tokens=max_new_tokens)
-            for final in self.studio.compare(prompt, settings, self.studio.labels[0]):  # the page's default model
+            for final in self.studio.compare(prompt, settings, model or self.studio.labels[0]):
                 pass
             return final.to_dict()
 

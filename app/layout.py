@@ -9,7 +9,7 @@ from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 from . import plots, views
 from .callbacks import Callbacks
 from .examples import load_examples
-from .studio import Studio
+from .studio import Studio, public_name
 
 CSS = """
 .gradio-container { max-width: 1360px !important; margin: auto; }
@@ -70,7 +70,8 @@ def theme() -> gr.themes.Base:
         button_primary_text_color="white", block_label_text_weight="600")
 
 
-def build(studio: Studio) -> gr.Blocks:
+def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
+    """The page; `concurrency`: decoding requests in flight at once (more wait in Gradio's queue)."""
     cb = Callbacks(studio)
     engine = studio.engine()
     L = engine.num_layers
@@ -78,7 +79,7 @@ def build(studio: Studio) -> gr.Blocks:
     with gr.Blocks(title="SkipDecode Studio", analytics_enabled=False) as demo:
         gr.Markdown(f"# SkipDecode Studio\n{INTRO}", elem_id="sd-header")
         gr.HTML('<div class="sd-badges">' + "".join(f'<span class="sd-badge">{text}</span>' for text in (
-            engine.name, f"{L} layers", f"running on {engine.decoder.device.type.upper()}",
+            public_name(engine.name), f"{L} layers", f"running on {engine.decoder.device.type.upper()}",
             "requests arriving together share one batch")) + "</div>")
         with gr.Tabs():
             # ---- Compare ------------------------------------------------------------------------
@@ -201,19 +202,19 @@ def build(studio: Studio) -> gr.Blocks:
                           manual, max_budget, min_budget, warmup, horizon, decay, mode]
         compare_outputs = [status, skip_out, full_out, metrics, quality, last, budget_plot, layer_plot, latency_plot]
         events = [trigger(cb.stream_compare, compare_inputs, compare_outputs, api_visibility="private",
-                          concurrency_limit=CONCURRENCY, concurrency_id="decode", show_progress="minimal")
+                          concurrency_limit=concurrency, concurrency_id="decode", show_progress="minimal")
                   for trigger in (run.click, prompt.submit)]
         stop.click(None, cancels=events, api_visibility="private")
         kv_button.click(cb.kv_cache, [last], [kv_plot, kv_note], api_visibility="private",
-                        concurrency_limit=CONCURRENCY, concurrency_id="decode")
+                        concurrency_limit=concurrency, concurrency_id="decode")
         batch_run.click(cb.batch, [batch_prompts, model, batch_speedup, batch_tokens],
                         [batch_status, batch_table, batch_plot], api_visibility="private",
-                        concurrency_limit=CONCURRENCY, concurrency_id="decode")
+                        concurrency_limit=concurrency, concurrency_id="decode")
         batch_measure.click(cb.throughput, [batch_prompts, model, batch_speedup, batch_tokens],
                             [throughput_plot, throughput_table], api_visibility="private",
-                            concurrency_limit=CONCURRENCY, concurrency_id="decode")
+                            concurrency_limit=concurrency, concurrency_id="decode")
         result_outputs = [e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot]
         demo.load(cb.results, None, result_outputs, api_visibility="private", queue=False)
         refresh.click(cb.results, None, result_outputs, api_visibility="private", queue=False)
-        gr.api(cb.compare_api, api_name="compare", concurrency_limit=CONCURRENCY, concurrency_id="decode")
+        gr.api(cb.compare_api, api_name="compare", concurrency_limit=concurrency, concurrency_id="decode")
     return demo

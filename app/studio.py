@@ -12,8 +12,10 @@ import importlib.util
 import math
 import os
 import threading
+import time
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
@@ -53,26 +55,36 @@ def base_model() -> str:
     return DEFAULT_MODEL if importlib.util.find_spec(BUNDLED_PACKAGE) else DEFAULT_HUB_ID
 
 
+def public_name(model: str) -> str:
+    """A model's name as the page shows it: a local folder by its last part, never its full path."""
+    return Path(model).name if os.path.isabs(model) or Path(model).exists() else model
+
+
 def configured_models(model: str | None = None) -> list[ModelChoice]:
     """The base model and the adapters `skipdecode train` left in assets/adapters for it; with any
-    adapter, first an "auto" entry that picks the adapter made for the requested speedup."""
+    adapter, first an "auto" entry that picks the adapter made for the requested speedup. Adapters made
+    for another model are left out: a web user can never ask for them."""
     from skipdecode.adapters import available_adapters
 
     model = model or base_model()
     adapters = [a for a in available_adapters() if a.base_model == model]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
                            a.name, a.meta.get("config", {}).get("horizon")) for a in adapters]
-    base = ModelChoice(f"{model} (base)", model)
+    base = ModelChoice(f"{public_name(model)} (base)", model)
     return [ModelChoice(AUTO), base, *choices] if choices else [base]
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one web request may ask for; the API and the UI share them."""
+    """What one web request may ask for; the API and the UI share them. The character limit is checked
+    before tokenizing, so a huge paste costs nothing; the horizon shares the token limit, since a
+    schedule tabulates its budgets up to the horizon."""
 
     max_new_tokens: int = 512
     max_prompt_tokens: int = 1024
+    max_prompt_chars: int = 16_384
     max_batch_prompts: int = 8
+    max_temperature: float = 2.0
     time_limit_s: float = 300.0
 
 
@@ -95,33 +107,49 @@ class Settings:
     top_k: int = 0
     seed: int = 0
 
-    def schedule(self, num_layers: int, default_horizon: int | None = None) -> Schedule:
+    def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits()) -> Schedule:
         """The SkipDecode schedule these settings describe; ValueError says which setting is wrong.
         Horizon 0 means `default_horizon` (an adapter's training horizon), else the max new tokens."""
         horizon = (_whole("horizon", self.horizon) or default_horizon
                    or _whole("max new tokens", self.max_new_tokens))
+        if horizon > limits.max_new_tokens:
+            raise ValueError(f"horizon must be between 0 (= max new tokens) and {limits.max_new_tokens}; "
+                             f"got {horizon}")
         warmup = _whole("warm-up layers", self.warmup)
         if self.decay not in DECAYS:
-            raise ValueError(f"decay must be one of {', '.join(DECAYS)}; got {self.decay!r}")
+            raise ValueError(f"decay must be one of {', '.join(DECAYS)}; got {shown(self.decay)}")
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
         if self.manual_budgets:
             return Schedule(num_layers, _whole("max budget", self.max_budget), _whole("min budget", self.min_budget),
                             warmup, horizon, self.decay, self.mode)
         return for_speedup(_number("speedup", self.speedup), num_layers, horizon, warmup, self.decay, self.mode)
 
-    def sampler(self) -> Sampling:
+    def sampler(self, limits: Limits = Limits()) -> Sampling:
+        """Greedy, or sampling with settings checked against the app's ranges (the library's own checks
+        then cover top-k and the seed)."""
         if not self.sampling:
             return Sampling()
-        return Sampling(_number("temperature", self.temperature), _whole("top-k", self.top_k),
-                        _number("top-p", self.top_p), _whole("seed", self.seed))
+        temperature, top_p = _number("temperature", self.temperature), _number("top-p", self.top_p)
+        if not 0 < temperature <= limits.max_temperature:
+            raise ValueError(f"temperature must be in (0, {limits.max_temperature:g}] for sampling; "
+                             f"got {temperature:g}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1]; got {top_p:g}")
+        return Sampling(temperature, _whole("top-k", self.top_k), top_p, _whole("seed", self.seed))
+
+
+def shown(value, limit: int = 60) -> str:
+    """A value a web user sent, quoted for an error message and cut short: never echo a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _number(name: str, value) -> float:
     try:
         value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number; got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number; got {shown(value)}") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number; got {value!r}")
     return value
@@ -134,13 +162,16 @@ def _whole(name: str, value) -> int:
     return int(value)
 
 
-def clean_prompt(prompt) -> str:
-    """The prompt as the model will see it, or a ValueError a person can act on."""
+def clean_prompt(prompt, max_chars: int = Limits.max_prompt_chars) -> str:
+    """The prompt as the model will see it, or a ValueError a person can act on. Length is checked
+    first, so nothing else (not even the tokenizer) ever sees an oversized prompt."""
     if not isinstance(prompt, str):
         raise ValueError("the prompt must be text")
+    if len(prompt) > max_chars:
+        raise ValueError(f"the prompt is {len(prompt):,} characters long; this app takes at most {max_chars:,}")
     try:
         prompt.encode("utf-8")
-    except UnicodeEncodeError:
+    except UnicodeEncodeError:  # lone surrogates: what invalid UTF-8 becomes on the way in
         raise ValueError("the prompt is not valid UTF-8 text") from None
     bad = sorted({c for c in prompt if unicodedata.category(c) == "Cc" and c not in "\n\t\r"})
     if bad:
@@ -225,6 +256,7 @@ class Studio:
         self.batcher = batcher or Batcher(time_limit_s=limits.time_limit_s)
         self._engines: dict[str, Engine] = {}
         self._costs: dict[str, tuple[int, int]] = {}
+        self._failed: dict[str, Exception] = {}
         self._loading = threading.Lock()
 
     @property
@@ -236,8 +268,8 @@ class Studio:
         if not label:
             return self.base
         choice = next((m for m in self.models if m.label == label), None)
-        if choice is None:
-            raise ValueError(f"unknown model {label!r}; choose one of: {', '.join(self.labels)}")
+        if choice is None:  # a path, a hub id, an adapter of another model: only the list is served
+            raise ValueError(f"unknown model {shown(label)}; this app serves only: {'; '.join(self.labels)}")
         if choice.label == AUTO:
             from skipdecode.adapters import adapter_for
 
@@ -251,34 +283,49 @@ class Studio:
         return next(m for m in self.models if m.label != AUTO and m.adapter is None)
 
     def engine(self, label: str | ModelChoice | None = None) -> Engine:
-        """The engine of a configured model, loaded on first use."""
+        """The engine of a configured model, loaded on first use. A model that fails to load (say, a
+        broken adapter folder) is not tried again: every later request gets the same error at once,
+        instead of each one reloading the base model."""
         choice = label if isinstance(label, ModelChoice) else self.choice(label)
         with self._loading:
+            failed = self._failed.get(choice.label)
+            if isinstance(failed, ValueError):
+                raise ValueError(str(failed))
+            if failed is not None:
+                raise RuntimeError(f"{choice.label} failed to load earlier") from failed
             if choice.label not in self._engines:
-                engine = Engine.load(choice.model, adapter=choice.adapter)
+                try:
+                    engine = Engine.load(choice.model, adapter=choice.adapter)
+                except Exception as error:
+                    self._failed[choice.label] = error
+                    raise
                 self._engines[choice.label] = engine
                 self._costs[choice.label] = weights_per_token(engine)
             return self._engines[choice.label]
 
     # ---- Compare ----------------------------------------------------------------------------
-    def _check(self, engine: Engine, prompt: str, max_new_tokens) -> tuple[str, int]:
-        prompt = clean_prompt(prompt)
+    def _check_text(self, prompt, max_new_tokens) -> tuple[str, int]:
+        """The checks that need no model: done before a model is loaded or the tokenizer runs."""
+        prompt = clean_prompt(prompt, self.limits.max_prompt_chars)
         n = _whole("max new tokens", max_new_tokens)
         if not 1 <= n <= self.limits.max_new_tokens:
             raise ValueError(f"max new tokens must be between 1 and {self.limits.max_new_tokens}; got {n}")
+        return prompt, n
+
+    def _check(self, engine: Engine, prompt, max_new_tokens) -> tuple[str, int]:
+        prompt, n = self._check_text(prompt, max_new_tokens)
         tokens = len(engine.encode(prompt))
         if tokens > self.limits.max_prompt_tokens:
-            raise ValueError(f"the prompt is {tokens} tokens long; this app takes at most "
-                             f"{self.limits.max_prompt_tokens} tokens")
+            raise ValueError(f"the prompt is {tokens:,} tokens long; this app takes at most "
+                             f"{self.limits.max_prompt_tokens:,} prompt tokens (the model's context is "
+                             f"{engine.decoder.max_positions:,} tokens)")
         return prompt, n
 
     def compare(self, prompt: str, settings: Settings, model: str | None = None) -> Iterator[Comparison]:
         """Yields the comparison after every position of either run, then once more with quality scores."""
-        choice = self.choice(model, settings.speedup)
-        engine = self.engine(choice)
+        self._check_text(prompt, settings.max_new_tokens)
+        choice, engine, schedule, sampling = self._setup(settings, model)
         prompt, n = self._check(engine, prompt, settings.max_new_tokens)
-        schedule = settings.schedule(engine.num_layers, choice.horizon)
-        sampling = settings.sampler()
         comparison = Comparison(prompt, choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label])
         skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
@@ -325,11 +372,15 @@ class Studio:
         checked = [self._check(engine, p, max_new_tokens) for p in prompts]
         return [p for p, _ in checked], checked[0][1]
 
-    def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
+    def _setup(self, settings: Settings, model: str | None) -> tuple[ModelChoice, Engine, Schedule, Sampling]:
         choice = self.choice(model, settings.speedup)
+        sampling = settings.sampler(self.limits)
         engine = self.engine(choice)
+        return choice, engine, settings.schedule(engine.num_layers, choice.horizon, self.limits), sampling
+
+    def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
+        choice, engine, schedule, sampling = self._setup(settings, model)
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
-        schedule, sampling = settings.schedule(engine.num_layers, choice.horizon), settings.sampler()
         run = BatchRun(prompts, schedule, engine.num_layers)
         jobs = ([Job(engine, p, schedule, n, sampling) for p in prompts]
                 + [Job(engine, p, None, n, sampling) for p in prompts])
@@ -345,11 +396,11 @@ class Studio:
     def throughput(self, prompts: list[str], settings: Settings, model: str | None = None,
                    sizes: tuple[int, ...] = (1, 2, 4, 8)) -> pd.DataFrame:
         """Decode tokens per second against batch size, SkipDecode and full decoding side by side
-        (prompts repeated to fill a batch; EOS ignored so every row decodes the same number of tokens)."""
-        choice = self.choice(model, settings.speedup)
-        engine = self.engine(choice)
+        (prompts repeated to fill a batch; EOS ignored so every row decodes the same number of tokens).
+        The sizes run one after another within one time limit for the whole measurement."""
+        choice, engine, schedule, sampling = self._setup(settings, model)
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
-        schedule, sampling = settings.schedule(engine.num_layers, choice.horizon), settings.sampler()
+        deadline = time.monotonic() + self.limits.time_limit_s
         rows = []
         for size in sizes:
             if size > self.limits.max_batch_prompts:
@@ -357,7 +408,10 @@ class Studio:
             batch = [prompts[i % len(prompts)] for i in range(size)]
             jobs = ([Job(engine, p, schedule, n, sampling, stop_at_eos=False) for p in batch]
                     + [Job(engine, p, None, n, sampling, stop_at_eos=False) for p in batch])
-            tickets = self.batcher.submit_together(jobs)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the measurement ran past its time limit and was stopped")
+            tickets = self.batcher.submit_together(jobs, time_limit_s=left)
             finals = [ticket.result() for ticket in tickets]
             for method, update in (("SkipDecode", finals[0]), ("full decoding", finals[size])):
                 rows.append({"batch_size": size, "method": method, "batch": update.batch.number,

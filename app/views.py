@@ -24,18 +24,46 @@ def scheduled_frame(schedule: Schedule, steps: int) -> pd.DataFrame:
     return pd.DataFrame({"step": range(steps), "budget": [schedule.budget(s) for s in range(steps)]})
 
 
+class TokenText:
+    """The text each generated token adds, kept up to date as a stream grows: each new token costs one
+    decode of the prefix, so a long output is not re-decoded from scratch at every position.
+
+    Decoding prefixes keeps characters whole: a character whose UTF-8 bytes span several tokens (an
+    emoji, most CJK) is shown on the token that completes it, the tokens before it adding nothing."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._pieces: list[str] = []  # pieces of the tokens up to the last complete character
+        self._text = ""  # the text of those tokens
+
+    def pieces(self, token_ids: list[int]) -> list[str]:
+        ids = list(token_ids)
+        if ids[: len(self._pieces)] != self._ids[: len(self._pieces)]:
+            self.__init__(self.tokenizer)  # another stream: start over
+        self._ids = ids
+        tail: list[str] = []
+        for i in range(len(self._pieces), len(ids)):
+            text = self.tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+            if text.endswith("\ufffd"):  # a character still missing bytes: wait for the token that ends it
+                tail.append(text)
+                continue
+            new = text[len(self._text):] if text.startswith(self._text) else text[_common(text, self._text):]
+            self._pieces += [""] * len(tail) + [new]
+            self._text, tail = text, []
+        if tail:  # the output so far ends inside a character: show what there is on the last token
+            return self._pieces + [""] * (len(tail) - 1) + [tail[-1][_common(tail[-1], self._text):]]
+        return list(self._pieces)
+
+
+def _common(a: str, b: str) -> int:
+    """Length of the common prefix of two strings."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def token_pieces(tokenizer, token_ids: list[int]) -> list[str]:
-    """The text each token adds, decoded as prefixes so multi-byte characters split across tokens
-    come out whole (on the token that completes them)."""
-    pieces, previous = [], ""
-    for i in range(1, len(token_ids) + 1):
-        text = tokenizer.decode(token_ids[:i], skip_special_tokens=True)
-        if text.startswith(previous):
-            pieces.append(text[len(previous):])
-        else:  # the tokenizer rewrote earlier text (rare): attach the whole new text here
-            pieces.append(text)
-        previous = text
-    return pieces
+    """The text each token adds (see TokenText); joined, the pieces are the decoded output."""
+    return TokenText(tokenizer).pieces(token_ids)
 
 
 def token_layers(update, num_layers: int) -> list[int]:

@@ -31,6 +31,8 @@ from .trace import Trace
 DEFAULT_WINDOW_S = 0.05  # how long an idle worker waits for company after the first request arrives
 DEFAULT_MAX_ROWS = 16  # rows per batch (the engine's packed weights are tuned for up to 16 rows)
 DEFAULT_MAX_ACTIVE = 4  # batches running side by side; later arrivals wait and then batch together
+STALL_GRACE_S = 5.0  # past its deadline, a reader stops waiting even if the worker never answers
+TIME_LIMIT_MESSAGE = "the request ran past its time limit ({:g} s) and was stopped; ask for fewer new tokens"
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class _Request:
     prompt_ids: list[int]
     signal: threading.Condition  # shared by the requests submitted together, so one reader can follow them
     deadline: float | None
+    limit_s: float | None = None  # the time limit the deadline came from, for the message
     inbox: deque = field(default_factory=deque)  # updates and errors not yet read
     cancelled: bool = False
 
@@ -91,6 +94,9 @@ class _Request:
         with self.signal:
             self.inbox.append(item)
             self.signal.notify_all()
+
+    def timed_out(self) -> TimeoutError:
+        return TimeoutError(TIME_LIMIT_MESSAGE.format(self.limit_s or 0))
 
 
 class Ticket:
@@ -111,7 +117,8 @@ class Ticket:
         return last
 
     def cancel(self) -> None:
-        """Stop sending updates; a batch stops once none of its requests is left."""
+        """Stop sending updates; the row stops growing at the next position, and a batch stops once
+        none of its requests is left."""
         self._request.cancelled = True
 
     @property
@@ -123,15 +130,22 @@ def follow(tickets: Sequence[Ticket]) -> Iterator[tuple[Update | None, ...]]:
     """The newest update of every ticket, each time any of them moves, until all are done.
 
     Updates are cumulative snapshots, so a slow reader skips the ones it missed and loses nothing.
-    Tickets followed together must come from one `submit_together` call."""
+    Tickets followed together must come from one `submit_together` call. The worker stops a request at
+    its deadline; should the worker itself be stuck, the reader gives up a little later on its own, so
+    no request ever waits forever."""
     requests = [t._request for t in tickets]
     signal = requests[0].signal
     if any(r.signal is not signal for r in requests):
         raise ValueError("tickets followed together must be submitted together")
+    deadline = requests[0].deadline
     latest: list[Update | None] = [None] * len(requests)
     while not all(u is not None and u.done for u in latest):
         with signal:
-            signal.wait_for(lambda: any(r.inbox for r in requests))
+            wait = None if deadline is None else max(deadline + STALL_GRACE_S - time.monotonic(), 0.0)
+            if not signal.wait_for(lambda: any(r.inbox for r in requests), wait):
+                for r in requests:
+                    r.cancelled = True
+                raise requests[0].timed_out()
             arrived = [(i, list(r.inbox)) for i, r in enumerate(requests)]
             for r in requests:
                 r.inbox.clear()
@@ -178,7 +192,7 @@ class Batcher:
         limit = time_limit_s if time_limit_s is not None else self.time_limit_s
         deadline = time.monotonic() + limit if limit else None
         signal = threading.Condition()
-        requests = [_Request(self._checked(job), self._encode(job), signal, deadline) for job in jobs]
+        requests = [_Request(self._checked(job), self._encode(job), signal, deadline, limit) for job in jobs]
         self._inbox.put(requests)
         return [Ticket(r) for r in requests]
 
@@ -256,8 +270,17 @@ class Batcher:
                 chunk = requests[start: start + self.max_rows]
                 info = BatchInfo(next(self._numbers), len(chunk), chunk[0].job.schedule.to_dict(), time.time())
                 self.history.append(info)
-                batches.append(_Batch(chunk, info))
+                try:
+                    batches.append(_Batch(chunk, info))
+                except Exception as error:  # an engine that fails before its first position fails its batch
+                    _fail(chunk, error)
         return batches
+
+
+def _fail(requests: list[_Request], error: BaseException) -> None:
+    for request in requests:
+        if not request.cancelled:
+            request.send(error)
 
 
 class _Batch:
@@ -266,6 +289,7 @@ class _Batch:
         job = requests[0].job
         self.stream = job.engine.stream([r.prompt_ids for r in requests], job.schedule, job.max_new_tokens,
                                         job.sampling, stop_at_eos=job.stop_at_eos)
+        self.generation = None
 
     def advance(self, lock) -> bool:
         """Run one position and publish it to every request; False once the batch is over."""
@@ -273,25 +297,30 @@ class _Batch:
         for request in self.requests:
             if request.deadline is not None and now > request.deadline and not request.cancelled:
                 request.cancelled = True
-                request.send(TimeoutError("the request ran past its time limit and was stopped"))
+                request.send(request.timed_out())
         if all(r.cancelled for r in self.requests):
             self.stream.close()
             return False
+        if self.generation is not None:
+            # A cancelled row counts as finished: the engine stops extending it and compacts it away
+            # once that saves work, while the other rows of the batch go on.
+            for row, request in enumerate(self.requests):
+                if request.cancelled:
+                    self.generation.finished[row] = True
         try:
             with lock:
-                generation = next(self.stream)
+                generation = self.generation = next(self.stream)
+            trace = dataclasses.replace(generation.trace, steps=list(generation.trace.steps),
+                                        cache_lengths=list(generation.trace.cache_lengths))
+            texts = generation.texts
+            for row, request in enumerate(self.requests):
+                if not request.cancelled:
+                    request.send(Update(row, self.info, request.prompt_ids, list(generation.token_ids[row]),
+                                        texts[row], generation.finished[row], generation.done, trace))
         except StopIteration:
             return False
         except Exception as error:  # a failed batch fails its own requests, never the worker
-            for request in self.requests:
-                if not request.cancelled:
-                    request.send(error)
+            _fail(self.requests, error)
+            self.stream.close()
             return False
-        trace = dataclasses.replace(generation.trace, steps=list(generation.trace.steps),
-                                    cache_lengths=list(generation.trace.cache_lengths))
-        texts = generation.texts
-        for row, request in enumerate(self.requests):
-            if not request.cancelled:
-                request.send(Update(row, self.info, request.prompt_ids, list(generation.token_ids[row]),
-                                    texts[row], generation.finished[row], generation.done, trace))
         return not generation.done

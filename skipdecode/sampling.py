@@ -23,8 +23,9 @@ class Sampling:
         _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off); got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
-            raise ValueError(f"seed must be an integer or None; got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
+                                      or not -2**63 <= self.seed < 2**64):  # what torch.Generator takes
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64) or None; got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -27,7 +27,9 @@ def client(url):
 def test_api_lists_the_compare_endpoint_with_its_three_parameters(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert list(endpoints) == ["/compare"]  # the UI's own events stay private
-    assert [p["parameter_name"] for p in endpoints["/compare"]["parameters"]] == ["prompt", "speedup", "max_new_tokens"]
+    params = endpoints["/compare"]["parameters"]
+    assert [p["parameter_name"] for p in params[:3]] == ["prompt", "speedup", "max_new_tokens"]
+    assert all(p["parameter_has_default"] for p in params[3:])  # the page's other settings are optional
 
 
 def test_compare_returns_both_outputs_traces_and_quality(client, engine):
