@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     limits = Limits(time_limit_s=args.time_limit)
     window = float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S))
     studio = Studio(limits=limits, batcher=Batcher(window_s=window, time_limit_s=limits.time_limit_s))
-    studio.engine()  # load the default model now
+    studio.warm_up()  # load the default model and run it once now, not at the first click
     demo = build(studio, concurrency=args.concurrency)
     demo.queue(max_size=args.queue_size)
     demo.launch(server_name=args.host, server_port=args.port, theme=theme(), css=CSS, show_error=False,

@@ -9,6 +9,7 @@ finish; other users' requests with the same settings join the same batches.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,7 @@ TIMING_NOTE = ("SkipDecode and full decoding ran interleaved in one thread of th
 
 
 AUTO = "auto: the fine-tuned adapter for the speedup"
+log = logging.getLogger("skipdecode.app")
 MODEL_ENV = "SKIPDECODE_MODEL"  # the host's choice of base model (a name, folder or hub id), fixed at start
 
 
@@ -60,14 +62,27 @@ def public_name(model: str) -> str:
     return Path(model).name if os.path.isabs(model) or Path(model).exists() else model
 
 
+def readable_adapters() -> list:
+    """The adapters in the adapters folder; one that cannot be read (half written, edited by hand) is
+    left out with a warning in the log rather than keeping the app from starting."""
+    from skipdecode.adapters import adapters_dir, read_adapter
+
+    folder, found = adapters_dir(), []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if (path / "skipdecode.json").exists():
+            try:
+                found.append(read_adapter(path))
+            except (ValueError, KeyError, TypeError, OSError) as error:
+                log.warning("adapter folder %s left out of the model list: %s", path.name, error)
+    return found
+
+
 def configured_models(model: str | None = None) -> list[ModelChoice]:
     """The base model and the adapters `skipdecode train` left in assets/adapters for it; with any
     adapter, first an "auto" entry that picks the adapter made for the requested speedup. Adapters made
     for another model are left out: a web user can never ask for them."""
-    from skipdecode.adapters import available_adapters
-
     model = model or base_model()
-    adapters = [a for a in available_adapters() if a.base_model == model]
+    adapters = [a for a in readable_adapters() if a.base_model == model]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
                            a.name, a.meta.get("config", {}).get("horizon")) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)
@@ -273,7 +288,13 @@ class Studio:
         if choice.label == AUTO:
             from skipdecode.adapters import adapter_for
 
-            picked = adapter_for(_number("speedup", speedup or 1.0), self.base.model)
+            target = _number("speedup", speedup or 1.0)
+            try:
+                picked = adapter_for(target, self.base.model)
+            except (ValueError, KeyError, TypeError, OSError) as error:  # the folder changed under us
+                log.warning("auto could not read the adapters folder, using the base model: %s", error)
+                picked = None
+            # Only what was configured at start: an adapter that appeared since is not served.
             choice = next((m for m in self.models if picked and m.adapter == picked.name), self.base)
         return choice
 
@@ -302,6 +323,12 @@ class Studio:
                 self._engines[choice.label] = engine
                 self._costs[choice.label] = weights_per_token(engine)
             return self._engines[choice.label]
+
+    def warm_up(self) -> None:
+        """One tiny comparison through everything a click runs (decoding, both runs, scoring): the first
+        calls of a fresh process take seconds that the first visitor should not wait for."""
+        for _ in self.compare("Hello", Settings(speedup=2.0, max_new_tokens=2), self.base.label):
+            pass
 
     # ---- Compare ----------------------------------------------------------------------------
     def _check_text(self, prompt, max_new_tokens) -> tuple[str, int]:
@@ -341,10 +368,9 @@ class Studio:
     def score(self, engine: Engine, comparison: Comparison) -> dict:
         """Quality of the SkipDecode output against the full one (and the references, for E2E items)."""
         skip, full = comparison.skip, comparison.full
-        with self.batcher.exclusive():
-            ppl = {name: (round(quality.perplexity(engine.model, update.prompt_ids, update.token_ids), 3)
-                          if update.token_ids else None)
-                   for name, update in (("skipdecode", skip), ("full", full))}
+        with self.batcher.exclusive():  # both outputs share the prompt: one forward pass scores both
+            values = quality.perplexities(engine.model, skip.prompt_ids, [skip.token_ids, full.token_ids])
+        ppl = {name: None if value is None else round(value, 3) for name, value in zip(("skipdecode", "full"), values)}
         scores = {"skipdecode_vs_full": quality.text_scores(skip.text, full.text) if full.text.strip() else None,
                   "token_agreement": quality.token_agreement(skip.token_ids, full.token_ids),
                   "perplexity": ppl, "references": None}

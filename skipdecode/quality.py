@@ -79,20 +79,39 @@ def _logits_model(model):
     raise ValueError(f"cannot find the final norm of {type(model).__name__}")
 
 
-@torch.inference_mode()
 def perplexity(model, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> float:
     """exp(mean negative log-likelihood) of the continuation given the prompt, under `model` at full depth.
 
     Scoring both outputs with the same full model tells how plausible each is to the model SkipDecode
     approximates, whatever layers produced it."""
-    prompt, continuation = list(prompt_ids), list(continuation_ids)
-    if not prompt or not continuation:
+    if not list(continuation_ids):
         raise ValueError("perplexity needs a non-empty prompt and continuation")
+    return perplexities(model, prompt_ids, [continuation_ids])[0]
+
+
+@torch.inference_mode()
+def perplexities(model, prompt_ids: Sequence[int], continuations: Sequence[Sequence[int]]) -> list[float | None]:
+    """The perplexity of each continuation of one prompt (None for an empty one), in a single forward pass.
+
+    The rows are right-padded: under causal attention no real token sees the padding, so no mask is
+    needed; and only the positions that predict a continuation token go through the LM head, which on a
+    small model costs as much as the layers. This runs while decoding waits, so it is kept to one pass."""
+    prompt, rows = list(prompt_ids), [list(c) for c in continuations]
+    if not prompt:
+        raise ValueError("perplexity needs a non-empty prompt and continuation")
+    scored = [row for row in rows if row]
+    if not scored:
+        return [None] * len(rows)
+    width = max(len(row) for row in scored)
     device = next(model.parameters()).device
-    ids = torch.tensor([prompt + continuation], device=device)
-    logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    nll = torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="mean")
-    return float(math.exp(nll.item()))
+    ids = torch.tensor([prompt + row + [row[-1]] * (width - len(row)) for row in scored], device=device)
+    targets = torch.tensor([row + [-100] * (width - len(row)) for row in scored], device=device)
+    # logits_to_keep = width + 1 keeps positions P - 1 .. P + width - 1; position P - 1 + j predicts token j.
+    logits = model(ids, logits_to_keep=width + 1).logits[:, :width].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
+    means = (nll.sum(1) / (targets != -100).sum(1)).tolist()
+    values = iter(math.exp(m) for m in means)
+    return [next(values) if row else None for row in rows]
 
 
 @torch.inference_mode()

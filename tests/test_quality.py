@@ -49,6 +49,20 @@ def test_perplexity_equals_transformers_loss_on_the_continuation():
         quality.perplexity(model, prompt, [])
 
 
+def test_perplexities_score_several_continuations_in_one_pass_as_each_alone():
+    model = tiny_model("llama")
+    prompt, continuations = [5, 6, 7, 8], [[9, 10, 11], [12], [], [13, 14, 15, 16, 17]]
+    together = quality.perplexities(model, prompt, continuations)
+    assert together[2] is None
+    for value, continuation in zip(together, continuations):
+        if continuation:
+            ids = torch.tensor([prompt + continuation])
+            labels = ids.clone()
+            labels[0, : len(prompt)] = -100
+            with torch.no_grad():
+                assert value == pytest.approx(math.exp(model(ids, labels=labels).loss.item()), rel=1e-4)
+
+
 def test_exit_layers_find_the_depth_after_which_the_prediction_no_longer_changes():
     model = tiny_model("llama", layers=6)
     prompt, continuation = [5, 6, 7, 8], [9, 10, 11, 12, 13]

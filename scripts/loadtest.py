@@ -1,0 +1,279 @@
+"""Load and soak test of SkipDecode Studio: real users over HTTP (gradio_client), on this machine's loopback.
+
+    python scripts/loadtest.py load    # 32 users x 3 requests at once: every answer checked, p50/p95, batch sizes
+    python scripts/loadtest.py soak    # 200 requests one after another: the server's resident memory over time
+    python scripts/loadtest.py         # both, each against a freshly started app
+
+Each phase starts `python app.py` (as `make demo` serves it) on a free 127.0.0.1 port, talks to it only
+there, and stops it at the end. Bounded: a fixed number of requests, a time limit per request and one for
+the whole run. Answers are checked against the engine's own decoding of the same prompt, alone, in this
+process: the full-decoding tokens must be equal, and so must the SkipDecode tokens under the schedule the
+server reports. Prints a report; `--out` also writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from appserver import start  # noqa: E402  (the launcher the HTTP tests use)
+
+
+@dataclass
+class Outcome:
+    """One request as its user saw it."""
+
+    user: int
+    index: int
+    prompt: str
+    settings: dict
+    seconds: float = 0.0
+    result: dict | None = field(default=None, repr=False)
+    error: str | None = None
+
+
+def prompts(count: int) -> list[str]:
+    """Distinct E2E test-set prompts (so a mixed-up answer cannot pass for the right one)."""
+    from skipdecode.data import read_items, resolve
+
+    items = read_items(resolve(None, "testset_w_refs.csv"))
+    if len(items) < count:
+        raise SystemExit(f"need {count} distinct E2E test MRs, found {len(items)}")
+    return [item.prompt for item in items[:count]]
+
+
+def base_label() -> str:
+    """The served base model by its label (requests name it, so "auto" and any adapter never apply)."""
+    from app.studio import base_model, public_name
+
+    return f"{public_name(base_model())} (base)"
+
+
+def machine(server_pid: int | None = None) -> dict:
+    """The machine's load while we ran: the load average, and what else was using the CPU (ps's %CPU:
+    CPU time over the process's lifetime)."""
+    ps = subprocess.run(["ps", "-eo", "pid,ni,pcpu,rss,args", "--sort=-pcpu"], capture_output=True, text=True)
+    busy = []
+    for line in ps.stdout.splitlines()[1:]:
+        pid, nice, cpu, rss, args = line.split(None, 4)
+        if float(cpu) >= 20 and int(pid) not in (os.getpid(), server_pid):
+            busy.append({"pid": int(pid), "nice": nice, "cpu_percent": float(cpu), "rss_mb": int(rss) // 1024,
+                         "command": args[:90]})
+    return {"cores": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()], "busy": busy}
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def ask(client, outcome: Outcome, args) -> Outcome:
+    started = time.perf_counter()
+    try:
+        job = client.submit(outcome.prompt, **outcome.settings, api_name="/compare")
+        outcome.result = job.result(timeout=min(args.request_timeout, max(args.deadline - time.monotonic(), 1.0)))
+    except Exception as error:  # noqa: BLE001 (reported, and counted as a failure)
+        outcome.error = f"{type(error).__name__}: {error}"
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def check(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:
+    """Every answer against the engine's own decoding of its prompt, alone. Returns the problems, each
+    starting with "user U request K:"."""
+    from skipdecode.engine import Engine
+    from skipdecode.schedule import Schedule
+
+    engine = Engine.load()
+    problems = []
+    for o in outcomes:
+        if o.error is not None or o.result is None:
+            problems.append(f"user {o.user} request {o.index}: {o.error or 'no answer'}")
+            continue
+        r = o.result
+        if r["prompt"] != o.prompt:
+            problems.append(f"user {o.user} request {o.index}: the answer is for another prompt")
+            continue
+        full = engine.generate([o.prompt], None, max_new_tokens).token_ids[0]
+        skip = engine.generate([o.prompt], Schedule(**r["schedule"]), max_new_tokens).token_ids[0]
+        for name, ours, served in (("full", full, r["full"]["token_ids"]), ("skipdecode", skip, r["skipdecode"]["token_ids"])):
+            if served != ours:
+                same = next((i for i, (a, b) in enumerate(zip(ours, served)) if a != b), min(len(ours), len(served)))
+                problems.append(f"user {o.user} request {o.index}: {name} tokens differ from the engine's own "
+                                f"from position {same} (batch of {r[name]['batch']['size']})")
+        if r["quality"] is None:
+            problems.append(f"user {o.user} request {o.index}: no quality scores")
+    return problems
+
+
+def batches(outcomes: list[Outcome], side: str) -> dict:
+    """How many requests ran in each batch, from what the answers say."""
+    sizes = {}
+    for o in outcomes:
+        if o.result:
+            batch = o.result[side]["batch"]
+            sizes[batch["number"]] = batch["size"]
+    counts = sorted(sizes.values(), reverse=True)
+    return {"batches": len(counts), "requests": sum(counts), "sizes": counts,
+            "mean_per_batch": round(sum(counts) / len(counts), 2) if counts else None}
+
+
+def latency(outcomes: list[Outcome]) -> dict:
+    seconds = [o.seconds for o in outcomes if o.error is None]
+    if not seconds:
+        return {}
+    p50, p95 = np.percentile(seconds, [50, 95])
+    return {"p50_s": round(float(p50), 2), "p95_s": round(float(p95), 2), "max_s": round(max(seconds), 2),
+            "min_s": round(min(seconds), 2)}
+
+
+def load(args) -> dict:
+    """`users` users at once, each sending `requests` requests one after another."""
+    texts = prompts(args.users * args.requests)
+    settings = dict(speedup=args.speedup, max_new_tokens=args.max_new_tokens, model=base_label())
+    server = start("loadtest-load-server")
+    try:
+        from gradio_client import Client
+
+        before = machine()
+        clients = [Client(server.url, verbose=False) for _ in range(args.users)]
+        go = threading.Barrier(args.users)
+
+        def user(u: int) -> list[Outcome]:
+            go.wait()
+            return [ask(clients[u], Outcome(u, k, texts[u * args.requests + k], settings), args)
+                    for k in range(args.requests)]
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(args.users) as pool:
+            outcomes = [o for done in pool.map(user, range(args.users)) for o in done]
+        wall = time.perf_counter() - started
+        during = machine(server.process.pid)
+        server_rss = rss_mb(server.process.pid)
+    finally:
+        server.stop()
+    problems = check(outcomes, args.max_new_tokens)
+    wrong = {problem.split(":")[0] for problem in problems}  # "user U request K"
+    return {"phase": "load", "users": args.users, "requests_per_user": args.requests, "settings": settings,
+            "sent": len(texts), "answered": sum(o.result is not None for o in outcomes),
+            "errors": sum(o.error is not None for o in outcomes), "correct": len(outcomes) - len(wrong),
+            "problems": problems, "wall_s": round(wall, 1), "requests_per_s": round(len(outcomes) / wall, 2),
+            "latency": latency(outcomes), "skipdecode_batches": batches(outcomes, "skipdecode"),
+            "full_batches": batches(outcomes, "full"), "server_rss_mb": round(server_rss),
+            "machine_before": before, "machine_after": during}
+
+
+def soak(args) -> dict:
+    """Requests one after another, varied (prompt, speedup, token limit, sampling, now and then bad
+    input), and the server's resident memory as they go."""
+    texts = prompts(40)
+    bad = [dict(prompt="   "), dict(speedup=50.0), dict(max_new_tokens=0), dict(prompt="bell \x07")]
+    server = start("loadtest-soak-server")
+    samples, outcomes = [], []
+    try:
+        from gradio_client import Client
+
+        client = Client(server.url, verbose=False)
+        model = base_label()
+        for i in range(args.soak):
+            settings = dict(speedup=[1.0, 2.0, 3.0, 4.0, 5.0][i % 5], max_new_tokens=[8, 12, 16][i % 3], model=model)
+            if i % 4 == 3:
+                settings.update(decoding="sampling", temperature=0.8, top_p=0.9, seed=i)
+            outcome = Outcome(0, i, texts[i % len(texts)], settings)
+            if i % 10 == 9:  # bad input must be refused, and cost nothing that stays
+                outcome.settings = {**settings, **{k: v for k, v in bad[(i // 10) % len(bad)].items() if k != "prompt"}}
+                outcome.prompt = bad[(i // 10) % len(bad)].get("prompt", outcome.prompt)
+            ask(client, outcome, args)
+            outcomes.append(outcome)
+            if (i + 1) % 20 == 0:
+                samples.append({"after": i + 1, "rss_mb": round(rss_mb(server.process.pid), 1)})
+                print(f"  soak: {i + 1} requests, server RSS {samples[-1]['rss_mb']:.0f} MB", flush=True)
+        during = machine(server.process.pid)
+    finally:
+        server.stop()
+    meant_bad = [o for o in outcomes if o.index % 10 == 9]
+    good = [o for o in outcomes if o.index % 10 != 9]
+    first, last = samples[0]["rss_mb"], samples[-1]["rss_mb"]
+    return {"phase": "soak", "requests": len(outcomes), "good_answered": sum(o.error is None for o in good),
+            "good_sent": len(good), "bad_refused": sum(o.error is not None for o in meant_bad), "bad_sent": len(meant_bad),
+            "failures": [f"request {o.index}: {o.error}" for o in good if o.error],
+            "rss_after_first_20_mb": first, "rss_after_last_mb": last,
+            "rss_change_percent": round(100 * (last - first) / first, 2), "rss_samples": samples,
+            "latency": latency(good), "machine": during}
+
+
+def report(result: dict) -> None:
+    m = result.get("machine_after") or result.get("machine")
+    load_note = (f"machine: {m['cores']} cores, load average {m['loadavg_1_5_15']}; also busy: "
+                 + ("; ".join(f"{b['command'][:60]} ({b['cpu_percent']:.0f}% CPU, nice {b['nice']})"
+                              for b in m["busy"]) or "nothing"))
+    if result["phase"] == "load":
+        lat, sb, fb = result["latency"], result["skipdecode_batches"], result["full_batches"]
+        print(f"LOAD: {result['users']} users x {result['requests_per_user']} requests = {result['sent']} sent, "
+              f"{result['answered']} answered, {result['errors']} errors, {result['correct']} checked correct")
+        print(f"  latency p50 {lat.get('p50_s')} s, p95 {lat.get('p95_s')} s, max {lat.get('max_s')} s; "
+              f"{result['requests_per_s']} requests/s over {result['wall_s']} s")
+        print(f"  SkipDecode: {sb['requests']} requests in {sb['batches']} batches (mean {sb['mean_per_batch']} per "
+              f"batch; sizes {sb['sizes']})")
+        print(f"  full decoding: {fb['requests']} requests in {fb['batches']} batches (mean {fb['mean_per_batch']} "
+              f"per batch; sizes {fb['sizes']})")
+        for problem in result["problems"]:
+            print("  PROBLEM:", problem)
+    else:
+        print(f"SOAK: {result['requests']} requests one after another: {result['good_answered']}/{result['good_sent']} "
+              f"good ones answered, {result['bad_refused']}/{result['bad_sent']} bad ones refused")
+        print(f"  server RSS after the first 20: {result['rss_after_first_20_mb']:.0f} MB, after the last: "
+              f"{result['rss_after_last_mb']:.0f} MB ({result['rss_change_percent']:+.1f}%); latency p50 "
+              f"{result['latency'].get('p50_s')} s, p95 {result['latency'].get('p95_s')} s")
+        for failure in result["failures"]:
+            print("  FAILURE:", failure)
+    print("  " + load_note)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("phase", nargs="?", choices=["load", "soak", "all"], default="all")
+    parser.add_argument("--users", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=3, help="requests per user, one after another")
+    parser.add_argument("--soak", type=int, default=200, help="sequential requests of the soak")
+    parser.add_argument("--speedup", type=float, default=3.0)
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds a user waits for an answer")
+    parser.add_argument("--time-limit", type=float, default=1800.0, help="seconds the whole run may take")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if not (1 <= args.users <= 64 and 1 <= args.requests <= 10 and 20 <= args.soak <= 1000):
+        parser.error("bounded on purpose: users 1..64, requests 1..10, soak 20..1000")
+    args.deadline = time.monotonic() + args.time_limit
+    results = []
+    for phase in (("load", load), ("soak", soak)):
+        if args.phase in (phase[0], "all"):
+            print(f"{phase[0]}: starting a fresh app…", flush=True)
+            results.append(phase[1](args))
+            report(results[-1])
+    if args.out:
+        args.out.write_text(json.dumps({"command": " ".join(["python scripts/loadtest.py", *(argv or sys.argv[1:])]),
+                                        "results": results}, indent=1))
+    ok = all(not r.get("problems") and not r.get("failures") and r.get("errors", 0) == 0 for r in results)
+    soak_ok = all(abs(r["rss_change_percent"]) < 10 for r in results if r["phase"] == "soak")
+    return 0 if ok and soak_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
