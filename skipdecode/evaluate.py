@@ -22,20 +22,30 @@ METRICS = ("bleu", "rouge_l", "chrf", "ser")
 
 # How a slot value may be realized in text, beyond the value itself (lower case).
 REALIZATIONS = {
-    ("area", "city centre"): ("city centre", "city center", "centre", "center"),
+    ("area", "city centre"): ("city centre", "city center", "centre", "center", "downtown"),
     ("area", "riverside"): ("riverside", "river"),
-    ("priceRange", "cheap"): ("cheap", "inexpensive", "affordable", "low price", "low-price", "less than £20"),
-    ("priceRange", "less than £20"): ("less than £20", "under £20", "cheap", "inexpensive", "low price", "low-price"),
-    ("priceRange", "moderate"): ("moderate", "mid", "average price", "reasonabl"),
-    ("priceRange", "£20-25"): ("£20-25", "£20-£25", "20-25", "20 to 25", "moderate", "average price"),
-    ("priceRange", "high"): ("high", "expensive", "pricey", "more than £30"),
-    ("priceRange", "more than £30"): ("more than £30", "over £30", "above £30", "expensive", "high price", "high-price"),
-    ("customer rating", "low"): ("low", "poor", "1 out of 5", "one star", "1 star", "1-star"),
-    ("customer rating", "average"): ("average", "3 out of 5", "three star", "3 star", "3-star", "moderate"),
-    ("customer rating", "high"): ("high", "5 out of 5", "five star", "5 star", "5-star", "excellent"),
+    ("priceRange", "cheap"): ("cheap", "inexpensive", "affordable", "low price", "low-price", "low cost", "budget"),
+    ("priceRange", "less than £20"): ("less than £20", "under £20", "less than 20", "less than twenty", "cheap",
+                                      "inexpensive", "low price", "low-price", "low cost", "affordable"),
+    ("priceRange", "moderate"): ("moderate", "mid", "average price", "reasonabl", "medium"),
+    ("priceRange", "£20-25"): ("£20-25", "£20-£25", "20-25", "20 to 25", "moderate", "average price", "mid",
+                               "medium", "reasonabl"),
+    ("priceRange", "high"): ("high", "expensive", "pricey", "costly", "more than £30"),
+    ("priceRange", "more than £30"): ("more than £30", "over £30", "above £30", "£30", "expensive", "high price",
+                                      "high-price", "pricey", "costly"),
+    ("customer rating", "low"): ("low", "poor", "bad", "1 out of 5", "one star", "1 star", "1-star"),
+    ("customer rating", "average"): ("average", "3 out of 5", "three star", "3 star", "3-star", "moderate", "decent"),
+    ("customer rating", "high"): ("high", "5 out of 5", "five star", "5 star", "5-star", "excellent", "great"),
+    ("customer rating", "1 out of 5"): ("1 out of 5", "one out of five", "1 star", "one star", "1-star", "low", "poor",
+                                        "bad"),
+    ("customer rating", "3 out of 5"): ("3 out of 5", "three out of five", "3 star", "three star", "3-star",
+                                        "average"),
+    ("customer rating", "5 out of 5"): ("5 out of 5", "five out of five", "5 star", "five star", "5-star", "high",
+                                        "excellent"),
     ("eatType", "coffee shop"): ("coffee shop", "coffee-shop", "café", "cafe"),
+    ("food", "fast food"): ("fast food", "fast-food", "burger", "take-away", "takeaway"),
 }
-FAMILY = re.compile(r"famil|kid|child")
+FAMILY = re.compile(r"famil|kid|child|adult")
 NEGATION = re.compile(r"\bnot\b|\bno\b|n't|\bnon\b|\badults?\b|\bisn|\baren")
 
 
@@ -44,10 +54,6 @@ def slot_realized(key: str, value: str, text: str) -> bool:
     if key == "familyFriendly":
         mentioned = FAMILY.search(text) is not None
         return mentioned and ((NEGATION.search(text) is None) == (value == "yes"))
-    if key == "customer rating" and "out of 5" in value:
-        n = value.split()[0]
-        forms = (value, f"{n} star", f"{n}-star", f"{n} out of five", f"rated {n}", f"rating of {n}")
-        return any(f in text for f in forms)
     return any(form in text for form in REALIZATIONS.get((key, value), (value,)))
 
 

@@ -39,8 +39,15 @@ def rouge_l(hypothesis: str, references: str | Sequence[str]) -> float:
 def bleu(hypothesis: str, references: str | Sequence[str]) -> float:
     """Sentence BLEU (sacrebleu, effective order so a short output is not zeroed by missing 4-grams)."""
     import sacrebleu
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+    from sacrebleu.tokenizers.tokenizer_re import TokenizerRegexp
 
-    return float(sacrebleu.sentence_bleu(hypothesis, _refs(references)).score)
+    score = float(sacrebleu.sentence_bleu(hypothesis, _refs(references)).score)
+    # sacrebleu keeps every line it tokenizes (up to 65,536 per tokenizer, keyed by a metric object made
+    # for this one call): in a server scoring request after request, memory held for lines never seen again.
+    for tokenize in (Tokenizer13a.__call__, TokenizerRegexp.__call__):
+        tokenize.cache_clear()
+    return score
 
 
 def chrf(hypothesis: str, references: str | Sequence[str]) -> float:

@@ -30,6 +30,16 @@ def test_best_reference_counts_for_rouge_and_all_references_for_bleu():
         quality.bleu("x", [])
 
 
+def test_scoring_request_after_request_holds_no_memory_per_request():
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+    from sacrebleu.tokenizers.tokenizer_re import TokenizerRegexp
+
+    for i in range(50):
+        quality.text_scores(f"output number {i} of a long-running server", ["Strada is a pub.", "A pub."])
+    for tokenize in (Tokenizer13a.__call__, TokenizerRegexp.__call__):  # sacrebleu would keep every line
+        assert tokenize.cache_info().currsize == 0
+
+
 def test_token_agreement():
     assert quality.token_agreement([1, 2, 3, 4], [1, 2, 9, 4]) == {"agreement": 0.75, "prefix": 2}
     assert quality.token_agreement([1, 2], [1, 2, 3, 4]) == {"agreement": 0.5, "prefix": 2}
