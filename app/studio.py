@@ -22,6 +22,7 @@ from typing import Iterator
 import pandas as pd
 
 from skipdecode import quality
+from skipdecode.adapters import same_base
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.engine import Engine
 from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL
@@ -82,7 +83,7 @@ def configured_models(model: str | None = None) -> list[ModelChoice]:
     adapter, first an "auto" entry that picks the adapter made for the requested speedup. Adapters made
     for another model are left out: a web user can never ask for them."""
     model = model or base_model()
-    adapters = [a for a in readable_adapters() if a.base_model == model]
+    adapters = [a for a in readable_adapters() if same_base(a.base_model, model)]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
                            a.name, a.meta.get("config", {}).get("horizon")) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)

@@ -128,16 +128,14 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
     forced = find_adapter(adapter) if adapter else None
     pick = (lambda s: forced) if forced else adapter_for
     rows = [("untrained", None, 1.0)]
-    if pick(1.0) is not None:
-        rows.append(("fine-tuned", pick(1.0), 1.0))
-    for s in speedups:
-        if s == 1.0:
-            continue
-        rows.append(("SkipDecode", pick(s), s))
-        if untrained_skip:
+    for s in sorted(set(speedups) | {1.0}):
+        label = "fine-tuned" if s == 1.0 else "SkipDecode"
+        if s != 1.0 or pick(1.0) is not None:
+            rows.append((label, pick(s), s))
+        if untrained_skip and s != 1.0:
             rows.append(("untrained", None, s))
         if compare_adapters:
-            rows += [("SkipDecode", a, s) for a in available_adapters() if s in a.speedups and a != pick(s)]
+            rows += [(label, a, s) for a in available_adapters() if s in a.speedups and a != pick(s)]
     return rows
 
 
