@@ -263,9 +263,20 @@ def train(config: TrainConfig) -> dict:
     if accelerator.is_main_process:
         out = Path(config.out)
         accelerator.unwrap_model(model).model.save_pretrained(out)
+        halve_adapter(out)
         (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
         shutil.rmtree(run_dir, ignore_errors=True)
     return summary
+
+
+def halve_adapter(folder: Path) -> None:
+    """Store the LoRA weights in float16: half the size (under the 10 MB a Hugging Face Space takes without
+    LFS), loaded back into float32 on merge. On e2e-all, greedy outputs of 16 test MRs at 1x, 3x and 5x
+    were token for token those of the float32 copy."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(folder) / "adapter_model.safetensors"
+    save_file({k: v.half() for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
 
 
 # ---- command line -----------------------------------------------------------------------------

@@ -61,3 +61,30 @@ def test_a_few_steps_lower_the_loss():
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
+    """A run stopped after its step-1 checkpoint and resumed ends with the very weights of the run that
+    was never stopped; the adapter is saved in float16 and decodes."""
+    from safetensors.torch import load_file
+
+    from skipdecode import train as training
+    from skipdecode.adapters import read_adapter
+
+    def config(name, **kw):
+        return training.TrainConfig(out=str(tmp_path / name), speedups=[3.0], rank=4, alpha=8, batch_size=2,
+                                    steps=2, limit=8, validation_examples=2, checkpoint_every=1,
+                                    checkpoint_dir=str(tmp_path / "checkpoints"), precision="fp32", **kw)
+
+    training.train(config("whole"))
+    with monkeypatch.context() as patch:  # keep the step-1 checkpoint, as a run killed after it would
+        patch.setattr(training.shutil, "rmtree", lambda *a, **k: None)
+        training.train(config("stopped"))
+    summary = training.train(config("stopped", resume=True))
+    assert summary["steps"] == 2 and [h["step"] for h in summary["history"]] == [2]  # only step 2 ran again
+    whole, resumed = (load_file(tmp_path / n / "adapter_model.safetensors") for n in ("whole", "stopped"))
+    assert whole.keys() == resumed.keys() and all(v.dtype == torch.float16 for v in whole.values())
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    engine = Engine.load(None, adapter=read_adapter(tmp_path / "whole"))
+    assert engine.generate(["name[Strada], eatType[pub]"], for_speedup(3, 30, 32), max_new_tokens=4).token_ids[0]
