@@ -263,20 +263,52 @@ def train(config: TrainConfig) -> dict:
     if accelerator.is_main_process:
         out = Path(config.out)
         accelerator.unwrap_model(model).model.save_pretrained(out)
-        halve_adapter(out)
         (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
+        finish_adapter(out)
         shutil.rmtree(run_dir, ignore_errors=True)
     return summary
 
 
-def halve_adapter(folder: Path) -> None:
-    """Store the LoRA weights in float16: half the size (under the 10 MB a Hugging Face Space takes without
-    LFS), loaded back into float32 on merge. On e2e-all, greedy outputs of 16 test MRs at 1x, 3x and 5x
-    were token for token those of the float32 copy."""
+def finish_adapter(folder: Path) -> None:
+    """Make a saved adapter fit to ship: LoRA weights in float16 (half the size, under the 10 MB a Hugging
+    Face Space takes without LFS, loaded back into float32 on merge; on e2e-all, greedy outputs of 16 test
+    MRs at 1x, 3x and 5x were token for token those of the float32 copy), the base model named by its public
+    id rather than a local cache path, and a model card that says what it is instead of peft's template."""
     from safetensors.torch import load_file, save_file
 
-    path = Path(folder) / "adapter_model.safetensors"
-    save_file({k: v.half() for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+    from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
+
+    folder = Path(folder)
+    weights = folder / "adapter_model.safetensors"
+    save_file({k: v.half() for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    meta = json.loads((folder / "skipdecode.json").read_text())
+    base = DEFAULT_HUB_ID if meta["base_model"] == DEFAULT_MODEL else meta["base_model"]
+    config_file = folder / "adapter_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": base},
+                                      indent=2))
+    c = meta["config"]
+    speedups = ", ".join(f"{s:g}x" for s in meta["speedups"])
+    (folder / "README.md").write_text(f"""---
+base_model: {base}
+library_name: peft
+datasets: [e2e_nlg]
+tags: [lora, skipdecode]
+---
+
+# {folder.name}: skip-aware LoRA for {base} at {speedups}
+
+Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the engine decodes with: prompt
+tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
+budget b(s), a {c["decay"]} decay reaching its minimum at position {c["horizon"]} ({c["mode"]} mode); a batch samples one
+of the speedups listed. LoRA rank {c["rank"]}, alpha
+{c["alpha"]}, {meta["steps"]} steps of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
+{meta["train_minutes"]} minutes on a 2-core CPU; validation loss {meta["val_loss"]}. Every setting and the loss
+history are in `skipdecode.json`.
+
+Data: the E2E NLG challenge dev set (Novikova, Dušek and Rieser, 2017), CC BY-SA 4.0.
+
+    skipdecode generate --adapter {folder.name} --speedup {meta["speedups"][-1]:g} --prompt "name[Strada], eatType[pub]"
+""")
 
 
 # ---- command line -----------------------------------------------------------------------------
