@@ -195,11 +195,13 @@ def train(config: TrainConfig) -> dict:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     run_dir = Path(config.checkpoint_dir) / Path(config.out).name
-    step, started, elapsed_before = 0, time.time(), 0.0
+    step, started, elapsed_before, history = 0, time.time(), 0.0, []
     if config.resume and (run_dir / "progress.json").exists():
         accelerator.load_state(str(run_dir / "state"))
         progress = json.loads((run_dir / "progress.json").read_text())
         step, elapsed_before = progress["step"], progress["seconds"]
+        history = progress.get("history", [])
+    resumed_from = step
 
     # Each process takes every n-th micro-batch; a resumed run skips what it already consumed.
     stream = batches(train_examples, config.batch_size, config.seed)
@@ -224,7 +226,6 @@ def train(config: TrainConfig) -> dict:
         model.train()
         return sum(losses) / len(losses)
 
-    history = []
     bar = tqdm(total=config.steps, initial=step, desc=f"train {Path(config.out).name}",
                disable=not accelerator.is_main_process)
     model.train()
@@ -251,7 +252,8 @@ def train(config: TrainConfig) -> dict:
             accelerator.save_state(str(run_dir / "state"))
             seconds = elapsed_before + time.time() - started
             if accelerator.is_main_process:
-                (run_dir / "progress.json").write_text(json.dumps({"step": step, "seconds": seconds}))
+                (run_dir / "progress.json").write_text(json.dumps({"step": step, "seconds": seconds,
+                                                                          "history": history}))
     bar.close()
 
     seconds = elapsed_before + time.time() - started
@@ -259,7 +261,7 @@ def train(config: TrainConfig) -> dict:
                "examples_seen": step * config.batch_size * config.grad_accum * accelerator.num_processes,
                "train_examples": len(train_examples), "train_minutes": round(seconds / 60, 1),
                "val_loss": history[-1].get("val_loss"), "precision": pick_precision(config.precision),
-               "config": asdict(config), "history": history}
+               "resumed_from": resumed_from, "config": asdict(config), "history": history}
     if accelerator.is_main_process:
         out = Path(config.out)
         accelerator.unwrap_model(model).model.save_pretrained(out)

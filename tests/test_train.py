@@ -82,7 +82,8 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
         patch.setattr(training.shutil, "rmtree", lambda *a, **k: None)
         training.train(config("stopped"))
     summary = training.train(config("stopped", resume=True))
-    assert summary["steps"] == 2 and [h["step"] for h in summary["history"]] == [2]  # only step 2 ran again
+    assert summary["steps"] == 2 and summary["resumed_from"] == 1  # only step 2 ran again
+    assert [h["step"] for h in summary["history"]] == [1, 2]  # with the record of step 1 kept
     whole, resumed = (load_file(tmp_path / n / "adapter_model.safetensors") for n in ("whole", "stopped"))
     assert whole.keys() == resumed.keys() and all(v.dtype == torch.float16 for v in whole.values())
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
