@@ -9,7 +9,7 @@ import pandas as pd
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
 SOURCES = {
-    "e2e": ("e2e.csv", "skipdecode eval --data ../shared/data/e2e/testset_w_refs.csv"),
+    "e2e": ("e2e.csv", "skipdecode eval --compare-adapters"),
     "bench": ("bench.csv", "skipdecode bench"),
 }
 

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_model
 from skipdecode import adapters
 from skipdecode.data import Item, parse_mr, read_items, split_items
-from skipdecode.evaluate import score, slot_error_rate, slot_realized
+from skipdecode.evaluate import human_scores, score, slot_error_rate, slot_realized
 
 EAGLE = Item("name[The Eagle], eatType[coffee shop], food[French], area[riverside], familyFriendly[yes]",
              ("The Eagle is a family friendly French coffee shop by the riverside.",
@@ -25,6 +25,14 @@ def test_outputs_equal_to_references_score_100():
     assert result["rouge_l"] == pytest.approx(100.0)
     assert result["chrf"] == pytest.approx(100.0)
     assert result["ser"] == 0.0
+
+
+def test_human_ceiling_scores_the_first_reference_against_the_others():
+    twice = Item(MILL.mr, MILL.refs * 2)
+    assert human_scores([MILL]) == {}  # one reference: nothing to score it against
+    assert human_scores([twice, MILL]) == {**score([MILL], [MILL.refs[0]]), "mrs": 1}
+    assert human_scores([twice])["bleu"] == pytest.approx(100.0)
+    assert human_scores([EAGLE])["bleu"] < 50 and human_scores([EAGLE])["ser"] == 0.0
 
 
 def test_unrelated_outputs_score_low():
