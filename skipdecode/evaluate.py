@@ -184,6 +184,7 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
     for r in rows:
         r.decode_speedup = baseline.ms_per_token / r.ms_per_token
     if outputs_path is not None:
+        Path(outputs_path).parent.mkdir(parents=True, exist_ok=True)
         with open(outputs_path, "w") as handle:
             for i, item in enumerate(items):
                 handle.write(json.dumps({"mr": item.mr, **{k: v[i] for k, v in all_outputs.items()}}) + "\n")

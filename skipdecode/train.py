@@ -278,6 +278,7 @@ def finish_adapter(folder: Path) -> None:
     id rather than a local cache path, and a model card that says what it is instead of peft's template."""
     from safetensors.torch import load_file, save_file
 
+    from .data import INSTRUCTION
     from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
 
     folder = Path(folder)
@@ -309,7 +310,8 @@ history are in `skipdecode.json`.
 
 Data: the E2E NLG challenge dev set (Novikova, Dušek and Rieser, 2017), CC BY-SA 4.0.
 
-    skipdecode generate --adapter {folder.name} --speedup {meta["speedups"][-1]:g} --prompt "name[Strada], eatType[pub]"
+    skipdecode generate --adapter {folder.name} --speedup {meta["speedups"][-1]:g} \\
+        --prompt "{INSTRUCTION}name[Strada], eatType[pub], area[city centre]"
 """)
 
 

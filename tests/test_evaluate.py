@@ -109,7 +109,7 @@ def test_merge_adapter_changes_weights_and_refuses_another_model(tmp_path):
 
 def test_eval_command_json_rows(tmp_path):
     done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--limit", "3", "--speedups", "1,3",
-                           "--max-new-tokens", "24", "--out", str(tmp_path / "e2e"), "--json"],
+                           "--max-new-tokens", "24", "--out", str(tmp_path / "new" / "e2e"), "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
@@ -118,4 +118,5 @@ def test_eval_command_json_rows(tmp_path):
         assert {"bleu", "rouge_l", "chrf", "ser", "avg_layers", "decode_speedup", "adapter"} <= set(row)
         assert 0 <= row["bleu"] <= 100 and row["mrs"] == 3
     assert rows[-1]["avg_layers"] < rows[0]["avg_layers"] == 30.0
-    assert (tmp_path / "e2e.csv").exists() and (tmp_path / "e2e-outputs.jsonl").exists()
+    folder = tmp_path / "new"  # made by the command, as assets/results is on a fresh clone
+    assert all((folder / name).exists() for name in ("e2e.csv", "e2e.json", "e2e-outputs.jsonl", "e2e-human.json"))
