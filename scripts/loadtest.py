@@ -69,7 +69,7 @@ def machine(server_pid: int | None = None) -> dict:
     busy = []
     for line in ps.stdout.splitlines()[1:]:
         pid, nice, cpu, rss, args = line.split(None, 4)
-        if float(cpu) >= 20 and int(pid) not in (os.getpid(), server_pid):
+        if float(cpu) >= 20 and int(pid) not in (os.getpid(), server_pid) and not args.startswith("ps -eo"):
             busy.append({"pid": int(pid), "nice": nice, "cpu_percent": float(cpu), "rss_mb": int(rss) // 1024,
                          "command": args[:90]})
     return {"cores": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()], "busy": busy}
