@@ -213,6 +213,7 @@ class Comparison:
     references: tuple[str, ...] | None = None
     quality: dict | None = None
     cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
+    full_model: str = ""  # the model full decoding ran, when not `model` ("auto": the fine-tuned 1x one)
 
     @property
     def done(self) -> bool:
@@ -243,7 +244,8 @@ class Comparison:
             return {"text": update.text, "token_ids": update.token_ids, "finished": update.finished,
                     "batch": update.batch.to_dict(), "trace": update.trace.to_dict()}
 
-        return {"prompt": self.prompt, "model": self.model, "num_layers": self.num_layers,
+        return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model or self.model,
+                "num_layers": self.num_layers,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
                 "timing": TIMING_NOTE}
@@ -354,20 +356,26 @@ class Studio:
         self._check_text(prompt, settings.max_new_tokens)
         choice, engine, schedule, sampling = self._setup(settings, model)
         prompt, n = self._check(engine, prompt, settings.max_new_tokens)
+        # "auto" compares like the paper: SkipDecode with the adapter made for its speedup against full
+        # decoding with the one made for full depth (the fine-tuned 1x baseline); a chosen model runs both.
+        full_choice = self.choice(AUTO, 1.0) if model == AUTO else choice
+        full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, engine.num_layers, schedule, n,
-                                references=references_for(prompt), cost=self._costs[choice.label])
+                                references=references_for(prompt), cost=self._costs[choice.label],
+                                full_model=full_choice.label)
         skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
-                                                   Job(engine, prompt, None, n, sampling)])
+                                                   Job(full_engine, prompt, None, n, sampling)])
         try:
             for comparison.skip, comparison.full in follow([skip, full]):
                 yield comparison
         finally:
             skip.cancel(), full.cancel()
-        comparison.quality = self.score(engine, comparison)
+        comparison.quality = self.score(full_engine, comparison)
         yield comparison
 
     def score(self, engine: Engine, comparison: Comparison) -> dict:
-        """Quality of the SkipDecode output against the full one (and the references, for E2E items)."""
+        """Quality of the SkipDecode output against the full one (and the references, for E2E items);
+        perplexities under `engine`, the model of the full run."""
         skip, full = comparison.skip, comparison.full
         with self.batcher.exclusive():  # both outputs share the prompt: one forward pass scores both
             values = quality.perplexities(engine.model, skip.prompt_ids, [skip.token_ids, full.token_ids])
@@ -385,7 +393,7 @@ class Studio:
         full = comparison.full
         if not (comparison.done and full.token_ids):
             raise ValueError("run a comparison first")
-        engine = self.engine(comparison.model)
+        engine = self.engine(comparison.full_model or comparison.model)
         with self.batcher.exclusive():
             return quality.exit_layers(engine.model, full.prompt_ids, full.token_ids[:limit])
 

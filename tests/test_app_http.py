@@ -129,6 +129,27 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
     assert {m.adapter for m in models} == {None, "all", "skip3x"}  # not the adapter made for another model
     studio = Studio(models, batcher=Batcher())
     assert studio.choice(AUTO, 3.0).adapter == "skip3x" and studio.choice(AUTO, 2.0).adapter == "all"
-    assert studio.choice(AUTO, 3.0).horizon == 32
+    assert studio.choice(AUTO, 3.0).horizon == 32 and studio.choice(AUTO, 1.0).adapter == "all"
     with pytest.raises(ValueError, match="unknown model"):
         studio.choice("/etc/passwd")
+
+
+@pytest.mark.slow
+def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline():
+    """With the shipped adapters, "auto" runs SkipDecode with the adapter made for its speedup and full
+    decoding with the one made for 1x, as the paper compares; the full side is that adapter's own decoding."""
+    from app.studio import AUTO, Settings, Studio, configured_models
+    from skipdecode.adapters import adapter_for
+    from skipdecode.batcher import Batcher
+    from skipdecode.engine import Engine
+
+    skip_adapter, full_adapter = adapter_for(3.0), adapter_for(1.0)
+    if skip_adapter is None or full_adapter is None or skip_adapter == full_adapter:
+        pytest.skip("needs adapters for 3x and for 1x in assets/adapters")
+    studio = Studio(configured_models(), batcher=Batcher())
+    prompt = "Write one sentence describing this restaurant, using every fact: name[Strada], eatType[pub]"
+    *_, done = studio.compare(prompt, Settings(speedup=3.0, max_new_tokens=6), AUTO)
+    assert done.model.startswith(skip_adapter.name) and done.full_model.startswith(full_adapter.name)
+    baseline = Engine.load(None, adapter=full_adapter)
+    assert done.full.token_ids == baseline.generate([prompt], None, 6).token_ids[0]
+    assert done.to_dict()["full_model"] == done.full_model and done.quality["perplexity"]["full"] > 0
