@@ -204,7 +204,8 @@ class Comparison:
     """SkipDecode and full decoding of one prompt, as far as they have got."""
 
     prompt: str
-    model: str
+    model: str  # the model SkipDecode ran
+    full_model: str  # the model full decoding ran: `model`, or for "auto" the fine-tuned 1x one
     num_layers: int
     schedule: Schedule
     max_new_tokens: int
@@ -213,7 +214,6 @@ class Comparison:
     references: tuple[str, ...] | None = None
     quality: dict | None = None
     cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
-    full_model: str = ""  # the model full decoding ran, when not `model` ("auto": the fine-tuned 1x one)
 
     @property
     def done(self) -> bool:
@@ -244,7 +244,7 @@ class Comparison:
             return {"text": update.text, "token_ids": update.token_ids, "finished": update.finished,
                     "batch": update.batch.to_dict(), "trace": update.trace.to_dict()}
 
-        return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model or self.model,
+        return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model,
                 "num_layers": self.num_layers,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
@@ -360,9 +360,8 @@ class Studio:
         # decoding with the one made for full depth (the fine-tuned 1x baseline); a chosen model runs both.
         full_choice = self.choice(AUTO, 1.0) if model == AUTO else choice
         full_engine = self.engine(full_choice)
-        comparison = Comparison(prompt, choice.label, engine.num_layers, schedule, n,
-                                references=references_for(prompt), cost=self._costs[choice.label],
-                                full_model=full_choice.label)
+        comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
+                                references=references_for(prompt), cost=self._costs[choice.label])
         skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
                                                    Job(full_engine, prompt, None, n, sampling)])
         try:
@@ -393,7 +392,7 @@ class Studio:
         full = comparison.full
         if not (comparison.done and full.token_ids):
             raise ValueError("run a comparison first")
-        engine = self.engine(comparison.full_model or comparison.model)
+        engine = self.engine(comparison.full_model)
         with self.batcher.exclusive():
             return quality.exit_layers(engine.model, full.prompt_ids, full.token_ids[:limit])
 

@@ -175,7 +175,7 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
     plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
             f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}.")
     state = "Running…" if running else "Done."
-    models = (f"Model: **{comparison.model}**." if comparison.full_model in ("", comparison.model) else
+    models = (f"Model: **{comparison.model}**." if comparison.full_model == comparison.model else
               f"SkipDecode: **{comparison.model}**, full decoding: **{comparison.full_model}** (the fine-tuned "
               f"full-depth baseline).")
     return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"

@@ -65,11 +65,12 @@ def base_label() -> str:
 def machine(server_pid: int | None = None) -> dict:
     """The machine's load while we ran: the load average, and what else was using the CPU (ps's %CPU:
     CPU time over the process's lifetime)."""
-    ps = subprocess.run(["ps", "-eo", "pid,ni,pcpu,rss,args", "--sort=-pcpu"], capture_output=True, text=True)
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,ni,pcpu,rss,args", "--sort=-pcpu"], capture_output=True, text=True)
     busy = []
     for line in ps.stdout.splitlines()[1:]:
-        pid, nice, cpu, rss, args = line.split(None, 4)
-        if float(cpu) >= 20 and int(pid) not in (os.getpid(), server_pid) and not args.startswith("ps -eo"):
+        pid, ppid, nice, cpu, rss, args = line.split(None, 5)
+        # Not this script, its children (ps itself among them) or the server under test.
+        if float(cpu) >= 20 and os.getpid() not in (int(pid), int(ppid)) and int(pid) != server_pid:
             busy.append({"pid": int(pid), "nice": nice, "cpu_percent": float(cpu), "rss_mb": int(rss) // 1024,
                          "command": args[:90]})
     return {"cores": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()], "busy": busy}
