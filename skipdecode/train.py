@@ -8,6 +8,12 @@ form a prefix of the sequence. A position that runs layer l therefore attends on
 that also ran layer l, with the same inputs they had while decoding; the keys computed at positions that
 skip l lie after every position that runs l, and the causal mask hides them.
 
+Two aids, both optional: `--init ADAPTER` starts from an adapter already fine-tuned on the task (the 1x
+baseline), so that training only has to learn to do without the skipped layers; `--teacher ADAPTER
+--distill A` adds self-distillation: the loss is (1 - A) x cross-entropy on the reference + A x KL from the
+full-depth model with that adapter, whose whole next-token distribution says more per token than one
+reference does (the student copies the full model, which is what a skip decoder should do).
+
 Runs on one CPU here; `accelerate launch -m skipdecode train ...` runs the same code on several GPUs or
 machines (Accelerator places the model, shards the batches and syncs gradients).
 """
@@ -43,6 +49,9 @@ class TrainConfig:
     horizon: int = E2E_HORIZON
     decay: str = "linear"
     mode: str = "skip"
+    init: str | None = None  # adapter (name or path) to start from; its rank and alpha are kept
+    teacher: str | None = None  # adapter of the full-depth teacher ("none": the base model)
+    distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
     rank: int = 8
     alpha: int = 16
     dropout: float = 0.05
@@ -107,11 +116,19 @@ class SkipLM(torch.nn.Module):
             h = torch.cat([torch.where(run[:, :w, None], out, h[:, :w]), h[:, w:]], dim=1)
         return inner.norm(h)
 
-    def forward(self, input_ids, lengths, runs, labels):
+    def logits(self, input_ids, lengths, runs, labels):
+        """Next-token logits at the target positions only (labels >= 0), in float32."""
         h = self.hidden(input_ids, lengths, runs)
-        picked = labels >= 0
-        logits = self.lm_head(h[picked])
-        return F.cross_entropy(logits.float(), labels[picked])
+        return self.lm_head(h[labels >= 0]).float()
+
+    def forward(self, input_ids, lengths, runs, labels, teacher_logits=None, distill: float = 0.0):
+        logits = self.logits(input_ids, lengths, runs, labels)
+        loss = F.cross_entropy(logits, labels[labels >= 0])
+        if teacher_logits is None or distill == 0:
+            return loss
+        kl = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(teacher_logits.float(), -1), log_target=True,
+                      reduction="batchmean")
+        return (1 - distill) * loss + distill * kl
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -163,9 +180,11 @@ def pick_precision(precision: str) -> str:
 
 def train(config: TrainConfig) -> dict:
     from accelerate import Accelerator
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
+
+    from .adapters import NONE, find_adapter, merge_adapter, same_base
 
     from .data import pairs, read_items, resolve, split_items
     from .models import load_model
@@ -174,13 +193,32 @@ def train(config: TrainConfig) -> dict:
                               mixed_precision=pick_precision(config.precision), cpu=not torch.cuda.is_available())
     random.seed(config.seed)
     torch.manual_seed(config.seed)
+    if not 0 <= config.distill <= 1 or (config.distill > 0) != (config.teacher is not None):
+        raise ValueError("--distill takes a weight in (0, 1] and needs --teacher; --teacher needs --distill")
     loaded = load_model(config.model, device="cpu", dtype="float32")
     tokenizer = loaded.tokenizer
-    lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                      target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
-    peft_model = get_peft_model(loaded.model, lora)
+    if config.init:
+        info = find_adapter(config.init)
+        if not same_base(info.base_model, loaded.name):
+            raise ValueError(f"--init adapter {info.name!r} was made for {info.base_model}, not {loaded.name}")
+        peft_model = PeftModel.from_pretrained(loaded.model, str(info.path), is_trainable=True)
+        for p in peft_model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()  # shipped in float16
+        lora = peft_model.peft_config["default"]
+        config.rank, config.alpha, config.init = lora.r, lora.lora_alpha, str(info.name)
+    else:
+        lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                          target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        peft_model = get_peft_model(loaded.model, lora)
     model = SkipLM(peft_model)
     L = loaded.model.config.num_hidden_layers
+    teacher = None
+    if config.teacher:
+        base = load_model(config.model, device="cpu", dtype="float32")
+        full = base.model if config.teacher.lower() in NONE else merge_adapter(
+            base.model, find_adapter(config.teacher), base.name)
+        teacher = SkipLM(full).eval().requires_grad_(False)
 
     train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
                                          config.validation_share, config.seed)
@@ -193,6 +231,8 @@ def train(config: TrainConfig) -> dict:
     scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(config.warmup_ratio * config.steps),
                                                 config.steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if teacher is not None:
+        teacher.to(accelerator.device)
 
     run_dir = Path(config.checkpoint_dir) / Path(config.out).name
     step, started, elapsed_before, history = 0, time.time(), 0.0, []
@@ -211,12 +251,17 @@ def train(config: TrainConfig) -> dict:
         picker.choice(schedules)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def run_batch(examples, schedule):
+    def run_batch(examples, schedule, distill=False):
         input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
-        to = accelerator.device
+        batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
         with accelerator.autocast():
-            return model(input_ids.to(to), lengths.to(to), runs.to(to), labels.to(to))
+            if not (distill and teacher is not None):
+                return model(*batch)
+            with torch.no_grad():
+                full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
+                teacher_logits = teacher.logits(batch[0], batch[1], full.to(accelerator.device), batch[3])
+            return model(*batch, teacher_logits=teacher_logits, distill=config.distill)
 
     def validation_loss():
         model.eval()
@@ -235,7 +280,7 @@ def train(config: TrainConfig) -> dict:
             if micro % accelerator.num_processes != accelerator.process_index:
                 continue
             with accelerator.accumulate(model):
-                loss = run_batch(examples, schedule)
+                loss = run_batch(examples, schedule, distill=True)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -291,6 +336,9 @@ def finish_adapter(folder: Path) -> None:
                                       indent=2))
     c = meta["config"]
     speedups = ", ".join(f"{s:g}x" for s in meta["speedups"])
+    aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
+                    f" Loss: {1 - c['distill']:g} x cross-entropy on the reference + {c['distill']:g} x KL from"
+                    f" the full-depth model with `{c['teacher']}` (self-distillation)." if c.get("distill") else ""])
     (folder / "README.md").write_text(f"""---
 base_model: {base}
 library_name: peft
@@ -303,7 +351,7 @@ tags: [lora, skipdecode]
 Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the engine decodes with: prompt
 tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
 budget b(s), a {c["decay"]} decay reaching its minimum at position {c["horizon"]} ({c["mode"]} mode); a batch samples one
-of the speedups listed. LoRA rank {c["rank"]}, alpha
+of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
 {c["alpha"]}, {meta["steps"]} steps of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
 {meta["train_minutes"]} minutes on a 2-core CPU; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
@@ -326,6 +374,9 @@ def register(subparsers) -> None:
     defaults = TrainConfig(out="")
     for name in ("model", "data"):
         p.add_argument(f"--{name}", default=None)
+    p.add_argument("--init", default=None, help="adapter (name or path) to start from, e.g. e2e-1x")
+    p.add_argument("--teacher", default=None, help="adapter of the full-depth teacher for --distill")
+    p.add_argument("--distill", type=float, default=0.0, help="weight of the KL to the teacher, in (0, 1]")
     for name in ("warmup_layers", "horizon", "rank", "alpha", "batch_size", "grad_accum", "steps",
                  "validation_examples", "eval_every", "checkpoint_every", "seed", "limit"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))

@@ -63,6 +63,65 @@ def test_a_few_steps_lower_the_loss():
     assert losses[-1] < 0.7 * losses[0]
 
 
+def test_distillation_pulls_the_skipping_student_toward_the_full_teacher():
+    """The KL term is zero when the student already is the teacher, and a few steps with it move a
+    skipping student's predictions toward the full-depth model's."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    teacher = SkipLM(tiny_model("llama", layers=4)).eval()
+    student = SkipLM(get_peft_model(tiny_model("llama", layers=4),
+                                    LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"])))
+    examples = [([1, 10 + i, 20 + i, 30], [40 + i, 50 + i, 60 + i, 2]) for i in range(8)]
+    input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad_id=0)
+    width = input_ids.shape[1]
+    full = layer_plan(Schedule.full(4), prompt_lens, fed_back, width)
+    skip = layer_plan(Schedule(4, 3, 2, warmup=1, horizon=3), prompt_lens, fed_back, width)
+    with torch.no_grad():
+        target = teacher.logits(input_ids, lengths, full, labels)
+        ce = student(input_ids, lengths, full, labels)
+        same = student(input_ids, lengths, full, labels, teacher_logits=target, distill=0.5)
+    assert same.item() == pytest.approx(0.5 * ce.item(), rel=1e-4)  # a LoRA starts at zero: KL = 0
+
+    def kl():
+        with torch.no_grad():
+            logits = student.logits(input_ids, lengths, skip, labels)
+        return torch.nn.functional.kl_div(logits.log_softmax(-1), target.log_softmax(-1), log_target=True,
+                                          reduction="batchmean").item()
+
+    before = kl()
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=5e-3)
+    for _ in range(12):
+        student(input_ids, lengths, skip, labels, teacher_logits=target, distill=1.0).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert before > 0.1 and kl() < 0.5 * before
+
+
+@pytest.mark.slow
+def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_path):
+    """--init starts from the shipped 1x adapter's weights (rank and alpha taken from it); --teacher and
+    --distill add the full-depth model's KL; both are recorded with the adapter."""
+    from safetensors.torch import load_file
+
+    from skipdecode import train as training
+    from skipdecode.adapters import find_adapter
+
+    base = dict(speedups=[3.0], batch_size=2, limit=8, validation_examples=2, precision="fp32",
+                checkpoint_dir=str(tmp_path / "checkpoints"))
+    with pytest.raises(ValueError, match="--teacher"):
+        training.train(training.TrainConfig(out=str(tmp_path / "bad"), distill=0.5, **base))
+    summary = training.train(training.TrainConfig(out=str(tmp_path / "kd"), init="e2e-1x", teacher="e2e-1x",
+                                                  distill=0.5, steps=1, lr=1e-9, **base))
+    assert summary["config"]["init"] == "e2e-1x" and summary["config"]["teacher"] == "e2e-1x"
+    assert summary["config"]["rank"] == find_adapter("e2e-1x").meta["config"]["rank"]
+    start = load_file(find_adapter("e2e-1x").path / "adapter_model.safetensors")
+    after = load_file(tmp_path / "kd" / "adapter_model.safetensors")
+    assert start.keys() == after.keys()  # a learning rate of 1e-9 leaves the 1x weights where they were
+    assert all(torch.allclose(start[k].float(), after[k].float(), atol=1e-3) for k in start)
+    assert "e2e-1x" in (tmp_path / "kd" / "README.md").read_text()
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     """A run stopped after its step-1 checkpoint and resumed ends with the very weights of the run that
