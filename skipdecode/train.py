@@ -185,7 +185,6 @@ def train(config: TrainConfig) -> dict:
     from transformers import get_cosine_schedule_with_warmup
 
     from .adapters import NONE, find_adapter, merge_adapter, same_base
-
     from .data import pairs, read_items, resolve, split_items
     from .models import load_model
 
