@@ -81,8 +81,8 @@ class Callbacks:
                 settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
                                          min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay,
                                          mode=mode)
-                schedule = settings.schedule(engine.num_layers, self.studio.choice(model, speedup).horizon,
-                                             self.studio.limits)
+                choice = self.studio.choice(model, speedup)
+                schedule = settings.schedule(engine.num_layers, choice.horizon, self.studio.limits, choice.spread)
                 steps = max(int(settings.max_new_tokens) - 1, 1)
         except gr.Error as error:
             return plots.empty_figure(f"Invalid schedule: {error.message}"), f"⚠️ {error.message}"

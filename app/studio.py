@@ -27,7 +27,7 @@ from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.engine import Engine
 from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL
 from skipdecode.sampling import Sampling
-from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, Schedule, for_speedup
+from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
 
 from .examples import references_for
 
@@ -48,6 +48,7 @@ class ModelChoice:
     model: str | None = None  # Engine.load name (None: the bundled default)
     adapter: str | None = None  # a fine-tuned adapter's name (None: base weights)
     horizon: int | None = None  # the horizon the adapter was trained with: the default for decoding with it
+    spread: float = SPREAD  # its max budget / average budget (1 = constant): the speedup's shape it learned
 
 
 def base_model() -> str:
@@ -85,7 +86,8 @@ def configured_models(model: str | None = None) -> list[ModelChoice]:
     model = model or base_model()
     adapters = [a for a in readable_adapters() if same_base(a.base_model, model)]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
-                           a.name, a.meta.get("config", {}).get("horizon")) for a in adapters]
+                           a.name, a.meta.get("config", {}).get("horizon"),
+                           a.meta.get("config", {}).get("spread", SPREAD)) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)
     return [ModelChoice(AUTO), base, *choices] if choices else [base]
 
@@ -123,9 +125,11 @@ class Settings:
     top_k: int = 0
     seed: int = 0
 
-    def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits()) -> Schedule:
+    def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits(),
+                 spread: float = SPREAD) -> Schedule:
         """The SkipDecode schedule these settings describe; ValueError says which setting is wrong.
-        Horizon 0 means `default_horizon` (an adapter's training horizon), else the max new tokens."""
+        Horizon 0 means `default_horizon` (an adapter's training horizon), else the max new tokens; a
+        speedup takes the shape (`spread`) the adapter was trained with."""
         horizon = (_whole("horizon", self.horizon) or default_horizon
                    or _whole("max new tokens", self.max_new_tokens))
         if horizon > limits.max_new_tokens:
@@ -139,7 +143,8 @@ class Settings:
         if self.manual_budgets:
             return Schedule(num_layers, _whole("max budget", self.max_budget), _whole("min budget", self.min_budget),
                             warmup, horizon, self.decay, self.mode)
-        return for_speedup(_number("speedup", self.speedup), num_layers, horizon, warmup, self.decay, self.mode)
+        return for_speedup(_number("speedup", self.speedup), num_layers, horizon, warmup, self.decay, self.mode,
+                           spread)
 
     def sampler(self, limits: Limits = Limits()) -> Sampling:
         """Greedy, or sampling with settings checked against the app's ranges (the library's own checks
@@ -410,7 +415,8 @@ class Studio:
         choice = self.choice(model, settings.speedup)
         sampling = settings.sampler(self.limits)
         engine = self.engine(choice)
-        return choice, engine, settings.schedule(engine.num_layers, choice.horizon, self.limits), sampling
+        schedule = settings.schedule(engine.num_layers, choice.horizon, self.limits, choice.spread)
+        return choice, engine, schedule, sampling
 
     def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
         choice, engine, schedule, sampling = self._setup(settings, model)

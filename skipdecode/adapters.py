@@ -87,6 +87,22 @@ def adapter_for(speedup: float, base_model: str | None = None) -> AdapterInfo | 
     return min(candidates, key=rank)
 
 
+def trained_schedule(info: AdapterInfo | None, speedup: float, num_layers: int, horizon: int | None = None,
+                     warmup: int | None = None):
+    """The schedule `info` learned for `speedup`: its horizon, warm-up layers, decay, mode and spread
+    (`horizon` and `warmup` override). An adapter decodes on the plan it was trained with, not on the
+    defaults; full depth at 1x. Without an adapter: the E2E defaults."""
+    from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
+    from .train import E2E_HORIZON
+
+    if speedup == 1:
+        return Schedule.full(num_layers)
+    c = info.meta.get("config", {}) if info else {}
+    return for_speedup(speedup, num_layers, horizon or c.get("horizon", E2E_HORIZON),
+                       c.get("warmup_layers", DEFAULT_WARMUP) if warmup is None else warmup,
+                       c.get("decay", "linear"), c.get("mode", "skip"), c.get("spread", SPREAD))
+
+
 def merge_adapter(model, info: AdapterInfo, model_name: str):
     """The model with the adapter's LoRA deltas merged into its weights."""
     from peft import PeftModel

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .schedule import DECAYS, DEFAULT_WARMUP, MODES, Schedule, for_speedup
+from .schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
 
 
 def add_schedule_args(parser: argparse.ArgumentParser, horizon_default: int | None = None) -> None:
@@ -16,23 +16,33 @@ def add_schedule_args(parser: argparse.ArgumentParser, horizon_default: int | No
     group.add_argument("--min-budget", type=int, help="layers run from the horizon on")
     group.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="bottom layers every position runs")
     group.add_argument("--horizon", type=int, default=horizon_default,
-                       help="position at which the budget reaches its minimum (default: max new tokens)")
+                       help="position at which the budget reaches its minimum "
+                            "(default: the adapter's training horizon, else max new tokens)")
+    group.add_argument("--spread", type=float, default=None,
+                       help=f"max budget / average budget of a --speedup schedule, 1 = constant "
+                            f"(default: the adapter's, else {SPREAD:g})")
     group.add_argument("--decay", choices=DECAYS, default="linear")
     group.add_argument("--mode", choices=MODES, default="skip", help="skip middle layers, or exit early (ablation)")
 
 
-def schedule_from_args(args, num_layers: int, horizon: int) -> Schedule:
-    horizon = args.horizon or horizon
+def schedule_from_args(args, num_layers: int, horizon: int, trained=None) -> Schedule:
+    """The schedule the flags describe. Decoding with an adapter (`trained`) takes the horizon and spread
+    it was fine-tuned with, unless --horizon and --spread say otherwise."""
+    config = trained.meta.get("config", {}) if trained is not None else {}
+    horizon = args.horizon or config.get("horizon") or horizon
     explicit = args.max_budget is not None or args.min_budget is not None
     if explicit and args.speedup is not None:
         raise ValueError("give either --speedup or --max-budget/--min-budget, not both")
+    if explicit and args.spread is not None:
+        raise ValueError("--spread shapes a --speedup schedule; --max-budget/--min-budget set the budgets themselves")
     if explicit:
         if args.max_budget is None or args.min_budget is None:
             raise ValueError("--max-budget and --min-budget go together")
         return Schedule(num_layers, args.max_budget, args.min_budget, args.warmup, horizon, args.decay, args.mode)
     if args.speedup is None or args.speedup == 1:
         return Schedule.full(num_layers)
-    return for_speedup(args.speedup, num_layers, horizon, args.warmup, args.decay, args.mode)
+    return for_speedup(args.speedup, num_layers, horizon, args.warmup, args.decay, args.mode,
+                       args.spread if args.spread is not None else config.get("spread", SPREAD))
 
 
 def default_adapter(args):
@@ -69,7 +79,7 @@ def cmd_generate(args) -> int:
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=default_adapter(args))
-    schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens)
+    schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens, engine.adapter)
     live = not args.json and len(args.prompt) == 1
     shown = [""]
 

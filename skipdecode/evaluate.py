@@ -156,8 +156,7 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
 
     from .data import read_items, resolve
     from .engine import Engine
-    from .schedule import Schedule, for_speedup
-    from .train import E2E_HORIZON
+    from .adapters import trained_schedule
 
     items = read_items(resolve(data, "testset_w_refs.csv"))[:limit]
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
@@ -170,10 +169,7 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
             engine.generate([it.prompt for it in items[:batch_size]], max_new_tokens=4)  # warm-up, untimed
         engine = engines[key]
         L = engine.num_layers
-        meta = (info.meta.get("config", {}) if info else {})
-        schedule = (Schedule.full(L) if speedup == 1.0 else
-                    for_speedup(speedup, L, horizon or meta.get("horizon", E2E_HORIZON),
-                                warmup if warmup is not None else meta.get("warmup_layers", 2)))
+        schedule = trained_schedule(info, speedup, L, horizon, warmup)
         bar.set_postfix_str(f"{label} {speedup:g}x {key}")
         outputs, ms, layers, tokens = decode(engine, items, schedule, batch_size, max_new_tokens, bar)
         all_outputs[f"{label} {speedup:g}x {key}"] = outputs

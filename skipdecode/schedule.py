@@ -140,10 +140,12 @@ def for_speedup(
     warmup: int = DEFAULT_WARMUP,
     decay: str = "linear",
     mode: str = "skip",
+    spread: float = SPREAD,
 ) -> Schedule:
     """A schedule whose average budget over the horizon is num_layers / target (the paper's
-    "target average layer"), within half a layer. It starts from a max budget of SPREAD x that
-    average, then picks the min budget that lands closest."""
+    "target average layer"), within half a layer. It starts from a max budget of `spread` x that
+    average, then picks the min budget that lands closest. Spread 1 is a constant budget: no token
+    gets more than the average, and none (the late ones) gets less."""
     L = _integer("num_layers", num_layers, 1)
     w = _integer("warmup", warmup, 0, L - 1)
     limit = max_speedup(L, w)
@@ -153,9 +155,11 @@ def for_speedup(
         raise ValueError(
             f"speedup must be a number in [1, {limit:g}] (num_layers / (warmup + 1)); got {target:g}"
         )
+    if isinstance(spread, bool) or not isinstance(spread, numbers.Real) or not 1.0 <= spread <= L:
+        raise ValueError(f"spread must be a number in [1, {L}] (max budget / average budget); got {spread!r}")
     goal = L / target
     make = lambda hi, lo: Schedule(L, hi, lo, warmup=w, horizon=horizon, decay=decay, mode=mode)  # noqa: E731
-    high = min(L, max(math.ceil(goal), round(SPREAD * goal)))
+    high = min(L, max(math.ceil(goal), round(spread * goal)))
     while high > w + 1 and make(high, w + 1).average_budget() > goal + 0.5:
         high -= 1  # even the lowest min budget overshoots: start lower
     candidates = [make(high, low) for low in range(w + 1, high + 1)]

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .prompts import encode_prompt
-from .schedule import DEFAULT_WARMUP, Schedule, for_speedup
+from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 E2E_HORIZON = 32  # E2E references average ~30 tokens with the end-of-turn token
@@ -49,6 +49,7 @@ class TrainConfig:
     horizon: int = E2E_HORIZON
     decay: str = "linear"
     mode: str = "skip"
+    spread: float = SPREAD  # max budget / average budget (1 = a constant budget)
     init: str | None = None  # adapter (name or path) to start from; its rank and alpha are kept
     teacher: str | None = None  # adapter of the full-depth teacher ("none": the base model)
     distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
@@ -165,7 +166,7 @@ def batches(examples, batch_size: int, seed: int):
 
 def schedules_for(speedups, num_layers, config: TrainConfig) -> list[Schedule]:
     return [Schedule.full(num_layers) if s == 1 else
-            for_speedup(s, num_layers, config.horizon, config.warmup_layers, config.decay, config.mode)
+            for_speedup(s, num_layers, config.horizon, config.warmup_layers, config.decay, config.mode, config.spread)
             for s in speedups]
 
 
@@ -338,6 +339,9 @@ def finish_adapter(folder: Path) -> None:
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the reference + {c['distill']:g} x KL from"
                     f" the full-depth model with `{c['teacher']}` (self-distillation)." if c.get("distill") else ""])
+    spread = c.get("spread", SPREAD)
+    shape = ("the same at every position (spread 1)" if spread == 1 else
+             f"from {spread:g} x the average down to its minimum at position {c['horizon']}, {c['decay']} decay")
     (folder / "README.md").write_text(f"""---
 base_model: {base}
 library_name: peft
@@ -349,8 +353,7 @@ tags: [lora, skipdecode]
 
 Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the engine decodes with: prompt
 tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
-budget b(s), a {c["decay"]} decay reaching its minimum at position {c["horizon"]} ({c["mode"]} mode); a batch samples one
-of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
+budget b(s), {shape} ({c["mode"]} mode); a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
 {c["alpha"]}, {meta["steps"]} steps of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
 {meta["train_minutes"]} minutes on a 2-core CPU; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
@@ -379,7 +382,7 @@ def register(subparsers) -> None:
     for name in ("warmup_layers", "horizon", "rank", "alpha", "batch_size", "grad_accum", "steps",
                  "validation_examples", "eval_every", "checkpoint_every", "seed", "limit"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    for name in ("dropout", "lr", "warmup_ratio", "validation_share"):
+    for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
     p.add_argument("--decay", default=defaults.decay)
     p.add_argument("--mode", default=defaults.mode)

@@ -113,7 +113,7 @@ def test_listens_on_all_interfaces_only_on_spaces_or_when_told(monkeypatch):
 def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_speedup(tmp_path, monkeypatch):
     import json
 
-    from app.studio import AUTO, Studio, configured_models
+    from app.studio import AUTO, Settings, Studio, configured_models
     from skipdecode.batcher import Batcher
 
     ours = "SmolLM2-135M-Instruct"
@@ -121,8 +121,9 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
         folder = tmp_path / name
         folder.mkdir()
         (folder / "adapter_config.json").write_text("{}")
+        config = {"horizon": 32, **({"spread": 1.0} if name == "skip3x" else {})}
         (folder / "skipdecode.json").write_text(json.dumps({"base_model": base, "speedups": speedups,
-                                                            "config": {"horizon": 32}}))
+                                                            "config": config}))
     monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(tmp_path))
     models = configured_models(ours)
     assert [m.label for m in models][:2] == [AUTO, "SmolLM2-135M-Instruct (base)"]
@@ -130,6 +131,10 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
     studio = Studio(models, batcher=Batcher())
     assert studio.choice(AUTO, 3.0).adapter == "skip3x" and studio.choice(AUTO, 2.0).adapter == "all"
     assert studio.choice(AUTO, 3.0).horizon == 32 and studio.choice(AUTO, 1.0).adapter == "all"
+    # each adapter decodes on the schedule shape it learned: skip3x a constant budget, "all" the default
+    three, two = (studio.choice(AUTO, s) for s in (3.0, 2.0))
+    assert Settings(speedup=3.0).schedule(30, three.horizon, spread=three.spread).min_budget == 10
+    assert Settings(speedup=3.0).schedule(30, two.horizon, spread=two.spread).min_budget == 5
     with pytest.raises(ValueError, match="unknown model"):
         studio.choice("/etc/passwd")
 

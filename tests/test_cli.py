@@ -46,3 +46,7 @@ def test_schedule_command_prints_every_position():
     assert len(data["steps"]) == 11 and data["steps"][0]["layers"][:2] == [0, 1]
     text = run("schedule", "--speedup", "3", "--num-layers", "30", "--horizon", "10")
     assert text.returncode == 0 and "warm-up 2" in text.stdout and "#" in text.stdout
+    flat = json.loads(run("schedule", "--speedup", "3", "--num-layers", "30", "--spread", "1", "--json").stdout)
+    assert {s["budget"] for s in flat["steps"]} == {10}
+    both = run("schedule", "--max-budget", "10", "--min-budget", "5", "--spread", "1", "--num-layers", "30")
+    assert both.returncode == 2 and "--spread shapes a --speedup schedule" in both.stderr

@@ -64,11 +64,26 @@ def test_reader_groups_references_and_splits_by_mr(tmp_path):
         read_items(tmp_path / "bad.csv")
 
 
-def fake_adapter(folder, name, speedups, base="SmolLM2-135M-Instruct"):
+def fake_adapter(folder, name, speedups, base="SmolLM2-135M-Instruct", config=None):
     path = folder / name
     path.mkdir()
     (path / "adapter_config.json").write_text("{}")
-    (path / "skipdecode.json").write_text(json.dumps({"speedups": speedups, "base_model": base}))
+    meta = {"speedups": speedups, "base_model": base, **({"config": config} if config else {})}
+    (path / "skipdecode.json").write_text(json.dumps(meta))
+    return adapters.read_adapter(path)
+
+
+def test_an_adapter_decodes_on_the_schedule_it_was_trained_with(tmp_path):
+    flat = fake_adapter(tmp_path, "flat", [3], config={"horizon": 20, "warmup_layers": 1, "decay": "power",
+                                                       "mode": "skip", "spread": 1.0})
+    schedule = adapters.trained_schedule(flat, 3.0, 30)
+    assert (schedule.horizon, schedule.warmup, schedule.decay) == (20, 1, "power")
+    assert schedule.max_budget == schedule.min_budget == 10  # spread 1: a constant budget
+    assert adapters.trained_schedule(flat, 3.0, 30, horizon=8, warmup=2).horizon == 8  # overrides win
+    old = fake_adapter(tmp_path, "old", [3])  # trained before spread was recorded: the default shape
+    assert adapters.trained_schedule(old, 3.0, 30).max_budget == 15
+    assert adapters.trained_schedule(None, 3.0, 30).horizon == 32
+    assert adapters.trained_schedule(flat, 1.0, 30).min_budget == 30
 
 
 def test_adapter_for_prefers_exact_then_one_for_all_then_nearest(tmp_path, monkeypatch):

@@ -49,7 +49,8 @@ def test_for_speedup_hits_target_average(L, data):
     target = data.draw(st.floats(1.0, max_speedup(L, w)))
     horizon = data.draw(st.integers(1, 256))
     decay = data.draw(st.sampled_from(DECAYS))
-    schedule = for_speedup(target, L, horizon, warmup=w, decay=decay)
+    spread = data.draw(st.floats(1.0, 2.0))
+    schedule = for_speedup(target, L, horizon, warmup=w, decay=decay, spread=spread)
     assert abs(schedule.average_budget() - L / target) <= 1.0
     assert schedule.warmup == w and schedule.horizon == horizon and schedule.decay == decay
 
@@ -60,6 +61,18 @@ def test_full_and_known_values():
     assert abs(s.average_budget() - 10) <= 0.5
     assert s.layers(0)[:2] == (0, 1) and s.layers(0)[-1] == 29
     assert for_speedup(1, 30, 64).min_budget == 30
+
+
+def test_spread_sets_the_shape_at_the_same_average():
+    """Spread 1 is a constant budget: at 3x every position runs 2 warm-up + 8 top layers; the default
+    spread 1.5 starts at 15 and ends at 2 + 3, with the same average."""
+    flat, wide = for_speedup(3, 30, 32, warmup=2, spread=1.0), for_speedup(3, 30, 32, warmup=2)
+    assert [flat.budget(s) for s in range(40)] == [10] * 40
+    assert (wide.max_budget, wide.min_budget) == (15, 5)
+    assert abs(flat.average_budget() - wide.average_budget()) <= 0.5
+    for bad in (0.5, 31, math.nan, "2", True):
+        with pytest.raises(ValueError, match="spread must be a number in"):
+            for_speedup(3, 30, 32, spread=bad)
 
 
 BAD = [

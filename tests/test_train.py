@@ -148,3 +148,11 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     engine = Engine.load(None, adapter=read_adapter(tmp_path / "whole"))
     assert engine.generate(["name[Strada], eatType[pub]"], for_speedup(3, 30, 32), max_new_tokens=4).token_ids[0]
+
+
+def test_training_follows_the_spread_it_is_given():
+    """`--spread` reaches the schedules a run trains on (and so its adapter's record)."""
+    from skipdecode.train import TrainConfig, schedules_for
+
+    flat, wide = (schedules_for([3.0], 30, TrainConfig(out="", spread=s))[0] for s in (1.0, 1.5))
+    assert (flat.max_budget, flat.min_budget, wide.max_budget, wide.min_budget) == (10, 10, 15, 5)
