@@ -353,7 +353,7 @@ tags: [lora, skipdecode]
 
 Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the engine decodes with: prompt
 tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
-budget b(s), {shape} ({c["mode"]} mode); a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
+budget b(s), {shape}, in {c["mode"]} mode; a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
 {c["alpha"]}, {meta["steps"]} steps of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
 {meta["train_minutes"]} minutes on a 2-core CPU; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
