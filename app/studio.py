@@ -86,8 +86,7 @@ def configured_models(model: str | None = None) -> list[ModelChoice]:
     model = model or base_model()
     adapters = [a for a in readable_adapters() if same_base(a.base_model, model)]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
-                           a.name, a.meta.get("config", {}).get("horizon"),
-                           a.meta.get("config", {}).get("spread", SPREAD)) for a in adapters]
+                           a.name, a.config.get("horizon"), a.spread) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)
     return [ModelChoice(AUTO), base, *choices] if choices else [base]
 

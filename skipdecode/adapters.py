@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .schedule import SPREAD
+
 ADAPTERS_ENV = "SKIPDECODE_ADAPTERS"
 NONE = ("none", "base", "")  # names that mean: no adapter
 
@@ -27,6 +29,16 @@ class AdapterInfo:
     @property
     def one_for_all(self) -> bool:
         return len(self.speedups) > 1
+
+    @property
+    def config(self) -> dict:
+        """The `skipdecode train` settings it was made with ({} for a folder made by hand)."""
+        return self.meta.get("config", {})
+
+    @property
+    def spread(self) -> float:
+        """Its schedules' max budget / average budget; adapters trained before --spread had the default."""
+        return self.config.get("spread", SPREAD)
 
 
 def adapters_dir() -> Path:
@@ -92,15 +104,15 @@ def trained_schedule(info: AdapterInfo | None, speedup: float, num_layers: int, 
     """The schedule `info` learned for `speedup`: its horizon, warm-up layers, decay, mode and spread
     (`horizon` and `warmup` override). An adapter decodes on the plan it was trained with, not on the
     defaults; full depth at 1x. Without an adapter: the E2E defaults."""
-    from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
+    from .schedule import DEFAULT_WARMUP, Schedule, for_speedup
     from .train import E2E_HORIZON
 
     if speedup == 1:
         return Schedule.full(num_layers)
-    c = info.meta.get("config", {}) if info else {}
+    c = info.config if info else {}
     return for_speedup(speedup, num_layers, horizon or c.get("horizon", E2E_HORIZON),
                        c.get("warmup_layers", DEFAULT_WARMUP) if warmup is None else warmup,
-                       c.get("decay", "linear"), c.get("mode", "skip"), c.get("spread", SPREAD))
+                       c.get("decay", "linear"), c.get("mode", "skip"), info.spread if info else SPREAD)
 
 
 def merge_adapter(model, info: AdapterInfo, model_name: str):

@@ -28,8 +28,8 @@ def add_schedule_args(parser: argparse.ArgumentParser, horizon_default: int | No
 def schedule_from_args(args, num_layers: int, horizon: int, trained=None) -> Schedule:
     """The schedule the flags describe. Decoding with an adapter (`trained`) takes the horizon and spread
     it was fine-tuned with, unless --horizon and --spread say otherwise."""
-    config = trained.meta.get("config", {}) if trained is not None else {}
-    horizon = args.horizon or config.get("horizon") or horizon
+    trained_horizon, trained_spread = (trained.config.get("horizon"), trained.spread) if trained else (None, SPREAD)
+    horizon = args.horizon or trained_horizon or horizon
     explicit = args.max_budget is not None or args.min_budget is not None
     if explicit and args.speedup is not None:
         raise ValueError("give either --speedup or --max-budget/--min-budget, not both")
@@ -42,7 +42,7 @@ def schedule_from_args(args, num_layers: int, horizon: int, trained=None) -> Sch
     if args.speedup is None or args.speedup == 1:
         return Schedule.full(num_layers)
     return for_speedup(args.speedup, num_layers, horizon, args.warmup, args.decay, args.mode,
-                       args.spread if args.spread is not None else config.get("spread", SPREAD))
+                       args.spread if args.spread is not None else trained_spread)
 
 
 def default_adapter(args):
