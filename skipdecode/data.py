@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 E2E_ENV = "SKIPDECODE_E2E_DIR"
+VALIDATION_SHARE = 0.05  # share of devset MRs `skipdecode train` holds out by default
+SPLIT_SEED = 0  # and the seed that picks them (train's default --seed)
 INSTRUCTION = "Write one sentence describing this restaurant, using every fact: "
 SLOT = re.compile(r"\s*([^\[,]+?)\s*\[([^\]]*)\]")
 
@@ -86,6 +88,59 @@ def split_items(items: list[Item], validation_share: float, seed: int) -> tuple[
             [it for i, it in enumerate(items) if i in held_out])
 
 
-def pairs(items: list[Item]) -> list[tuple[str, str]]:
-    """(prompt, reference) training examples: one per reference."""
-    return [(item.prompt, ref) for item in items for ref in item.refs]
+def eval_items(data=None, split: str = "test", share: float = VALIDATION_SHARE, seed: int = SPLIT_SEED) -> list[Item]:
+    """The MRs to score: the test set, or the devset MRs that training held out (unseen by every adapter
+    trained with this share and seed), which is where to choose between adapters without touching test."""
+    if split == "test":
+        return read_items(resolve(data, "testset_w_refs.csv"))
+    if split == "validation":
+        return split_items(read_items(resolve(data, "devset.csv")), share, seed)[1]
+    raise ValueError(f"split must be test or validation; got {split!r}")
+
+
+# Made-up restaurant names: E2E's devset has only 20 names and 10 landmarks, and half the test set's are
+# others, so a model that skips layers learns to recall those 20 instead of copying the name it is given.
+SYLLABLES = ("ar", "bel", "cor", "dan", "el", "fen", "gar", "hal", "is", "jor", "kel", "lan", "mor", "nor",
+             "ol", "pel", "quin", "ros", "sal", "tam", "ul", "ven", "wil", "yar", "zan", "bri", "cla", "dro")
+NAMED_SLOTS = ("name", "near")
+
+
+def made_up_name(rng: random.Random) -> str:
+    """A name no E2E MR has, in the shapes real ones take: 'Zanbel', 'The Corfen', 'Orlan Tamis'."""
+    word = lambda: "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()  # noqa: E731
+    form = rng.randrange(3)
+    return word() if form == 0 else f"The {word()}" if form == 1 else f"{word()} {word()}"
+
+
+def made_up_names(mr: str, rng: random.Random) -> dict[str, str]:
+    """A made-up replacement for the MR's name and landmark: {old value: new value}."""
+    return {value: made_up_name(rng) for key, value in parse_mr(mr).items() if key in NAMED_SLOTS and value}
+
+
+def substitute(text: str, names: dict[str, str]) -> str:
+    for old, new in names.items():
+        text = text.replace(old, new)
+    return text
+
+
+def renamed_items(items: list[Item], seed: int = SPLIT_SEED) -> list[Item]:
+    """Each MR, all its references alike, about a made-up restaurant near a made-up landmark: scores
+    copying a name the model has never seen, as half of the test set's names are to a devset model."""
+    rng = random.Random(seed)
+    out = []
+    for item in items:
+        names = made_up_names(item.mr, rng)
+        out.append(Item(substitute(item.mr, names), tuple(substitute(r, names) for r in item.refs)))
+    return out
+
+
+def pairs(items: list[Item], renamed: float = 0.0, seed: int = SPLIT_SEED) -> list[tuple[str, str]]:
+    """(prompt, reference) training examples, one per reference; a share `renamed` of them (drawn with
+    `seed`) name a made-up restaurant and landmark instead, so that copying, not recall, is learned."""
+    rng = random.Random(seed)
+    out = []
+    for item in items:
+        for ref in item.refs:
+            names = made_up_names(item.mr, rng) if rng.random() < renamed else {}
+            out.append((e2e_prompt(substitute(item.mr, names)), substitute(ref, names)))
+    return out

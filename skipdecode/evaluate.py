@@ -18,7 +18,7 @@ from pathlib import Path
 from .data import Item, parse_mr
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
-METRICS = ("bleu", "rouge_l", "chrf", "ser")
+METRICS = ("bleu", "rouge_l", "chrf", "ser", "names")
 
 # How a slot value may be realized in text, beyond the value itself (lower case).
 REALIZATIONS = {
@@ -66,9 +66,16 @@ def slot_error_rate(items: list[Item], outputs: list[str]) -> float:
     return missing / total if total else 0.0
 
 
+def names_copied(items: list[Item], outputs: list[str]) -> float:
+    """Share of outputs that spell the restaurant's name exactly: where skipping breaks first, on names
+    the fine-tuning data never had."""
+    named = [(item.slots["name"], text) for item, text in zip(items, outputs) if item.slots.get("name")]
+    return sum(name.lower() in text.lower() for name, text in named) / len(named) if named else 1.0
+
+
 def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
     """Corpus BLEU and chrF against every reference of each MR, mean best-reference ROUGE-L F1,
-    slot error rate; all in percent."""
+    slot error rate, names copied; all in percent."""
     import sacrebleu
 
     from .quality import rouge_l
@@ -81,6 +88,7 @@ def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
         "rouge_l": sum(rouge) / len(rouge),
         "chrf": sacrebleu.corpus_chrf(outputs, streams).score,
         "ser": 100.0 * slot_error_rate(items, outputs),
+        "names": 100.0 * names_copied(items, outputs),
     }
 
 
@@ -104,6 +112,7 @@ class Row:
     rouge_l: float
     chrf: float
     ser: float
+    names: float  # % of outputs with the restaurant name spelled exactly
     avg_layers: float  # layers run per generated token, the prefill's last position counted for token 0
     ms_per_token: float  # decode phase, over the tokens decoded
     decode_speedup: float  # ms_per_token of the fine-tuned 1x row / this row's, same run
@@ -149,17 +158,38 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
     return rows
 
 
+def load_items(data=None, split: str = "test", made_up_names: bool = False, limit: int | None = None):
+    from .data import eval_items, renamed_items
+
+    items = eval_items(data, split)
+    return (renamed_items(items) if made_up_names else items)[:limit]
+
+
+def check_held_out(plan, split: str) -> None:
+    """Validation scores mean something only on MRs an adapter never trained on."""
+    from .data import SPLIT_SEED, VALIDATION_SHARE
+
+    if split != "validation":
+        return
+    for _, info, _ in plan:
+        c = info.config if info else {}
+        if (c.get("seed", SPLIT_SEED), c.get("validation_share", VALIDATION_SHARE)) != (SPLIT_SEED, VALIDATION_SHARE):
+            raise ValueError(f"adapter {info.name} held out other devset MRs (seed {c.get('seed')}, share "
+                             f"{c.get('validation_share')}); --split validation follows seed {SPLIT_SEED}, "
+                             f"share {VALIDATION_SHARE}")
+
+
 def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
              horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, model=None,
-             outputs_path: Path | None = None) -> list[Row]:
+             outputs_path: Path | None = None, split: str = "test", made_up_names: bool = False) -> list[Row]:
     from tqdm.auto import tqdm
 
-    from .data import read_items, resolve
     from .engine import Engine
     from .adapters import trained_schedule
 
-    items = read_items(resolve(data, "testset_w_refs.csv"))[:limit]
+    items = load_items(data, split, made_up_names, limit)
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
+    check_held_out(plan, split)
     engines, rows, all_outputs = {}, [], {}
     bar = tqdm(total=len(plan) * len(items), desc="eval", unit="mr")
     for label, info, speedup in plan:
@@ -188,10 +218,10 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
 
 
 def markdown(rows: list[Row]) -> str:
-    head = "| row | adapter | BLEU | ROUGE-L | chrF | SER % | layers/token | decode speedup |"
-    lines = [head, "|" + "---|" * 8]
+    head = "| row | adapter | BLEU | ROUGE-L | chrF | SER % | names % | layers/token | decode speedup |"
+    lines = [head, "|" + "---|" * 9]
     for r in rows:
-        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | "
+        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | {r.names:.1f} | "
                      f"{r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
     return "\n".join(lines)
 
@@ -208,7 +238,13 @@ def write(rows: list[Row], prefix: Path) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="E2E quality table: BLEU, ROUGE-L, chrF, slot errors, speed",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=None, help="CSV with columns mr, ref (default: E2E testset_w_refs.csv)")
+    p.add_argument("--data", default=None,
+                   help="CSV with columns mr, ref (default: the E2E testset_w_refs.csv, or devset.csv for --split "
+                        "validation)")
+    p.add_argument("--split", choices=("test", "validation"), default="test",
+                   help="validation: the devset MRs training held out, to choose adapters without the test set")
+    p.add_argument("--made-up-names", action="store_true",
+                   help="replace every restaurant name and landmark (outputs and references) with a made-up one")
     p.add_argument("--speedups", default="1,2,3,4,5")
     p.add_argument("--limit", type=int, default=None, help="first N distinct MRs only")
     p.add_argument("--adapter", default=None, help="adapter name or path for every fine-tuned row")
@@ -224,17 +260,18 @@ def register(subparsers) -> None:
 
 
 def _cmd_eval(args) -> int:
-    prefix = Path(args.out) if args.out else RESULTS_DIR / ("e2e" if args.limit is None else f"e2e-limit{args.limit}")
+    name = "e2e" + ("" if args.split == "test" else f"-{args.split}") + ("-made-up-names" if args.made_up_names else "")
+    name += "" if args.limit is None else f"-limit{args.limit}"
+    prefix = Path(args.out) if args.out else RESULTS_DIR / name
     started = time.time()
     rows = evaluate(args.data, [float(s) for s in args.speedups.split(",")], limit=args.limit,
                     adapter=args.adapter, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     horizon=args.horizon, compare_adapters=args.compare_adapters,
                     untrained_skip=args.untrained_skip, model=args.model,
-                    outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"))
+                    outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"), split=args.split,
+                    made_up_names=args.made_up_names)
     write(rows, prefix)
-    from .data import read_items, resolve
-
-    human = human_scores(read_items(resolve(args.data, "testset_w_refs.csv"))[:args.limit])
+    human = human_scores(load_items(args.data, args.split, args.made_up_names, args.limit))
     prefix.with_name(prefix.name + "-human.json").write_text(json.dumps({k: round(v, 3) for k, v in human.items()}))
     if args.json:
         print(json.dumps([asdict(r) for r in rows]))

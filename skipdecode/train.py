@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .data import SPLIT_SEED, VALIDATION_SHARE
 from .prompts import encode_prompt
 from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
 
@@ -53,6 +54,7 @@ class TrainConfig:
     init: str | None = None  # adapter (name or path) to start from; its rank and alpha are kept
     teacher: str | None = None  # adapter of the full-depth teacher ("none": the base model)
     distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
+    renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
     rank: int = 8
     alpha: int = 16
     dropout: float = 0.05
@@ -61,13 +63,13 @@ class TrainConfig:
     grad_accum: int = 1
     steps: int = 300
     warmup_ratio: float = 0.05
-    validation_share: float = 0.05
+    validation_share: float = VALIDATION_SHARE
     validation_examples: int = 64
     eval_every: int = 50
     checkpoint_every: int = 50
     checkpoint_dir: str = "checkpoints"
     precision: str = "auto"
-    seed: int = 0
+    seed: int = SPLIT_SEED
     resume: bool = False
     limit: int | None = None  # train on the first N examples only (smoke tests)
 
@@ -195,6 +197,8 @@ def train(config: TrainConfig) -> dict:
     torch.manual_seed(config.seed)
     if not 0 <= config.distill <= 1 or (config.distill > 0) != (config.teacher is not None):
         raise ValueError("--distill takes a weight in (0, 1] and needs --teacher; --teacher needs --distill")
+    if not 0 <= config.renamed <= 1:
+        raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
     loaded = load_model(config.model, device="cpu", dtype="float32")
     tokenizer = loaded.tokenizer
     if config.init:
@@ -222,8 +226,10 @@ def train(config: TrainConfig) -> dict:
 
     train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
                                          config.validation_share, config.seed)
-    train_examples = tokenize_pairs(tokenizer, pairs(train_items))[: config.limit]
-    val_examples = tokenize_pairs(tokenizer, pairs(val_items))[: config.validation_examples]
+    train_examples = tokenize_pairs(tokenizer, pairs(train_items, config.renamed, config.seed))[: config.limit]
+    # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
+    val_renamed = 1.0 if config.renamed else 0.0
+    val_examples = tokenize_pairs(tokenizer, pairs(val_items, val_renamed, config.seed + 1))[: config.validation_examples]
     schedules = schedules_for(config.speedups, L, config)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
@@ -338,7 +344,9 @@ def finish_adapter(folder: Path) -> None:
     speedups = ", ".join(f"{s:g}x" for s in meta["speedups"])
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the reference + {c['distill']:g} x KL from"
-                    f" the full-depth model with `{c['teacher']}` (self-distillation)." if c.get("distill") else ""])
+                    f" the full-depth model with `{c['teacher']}` (self-distillation)." if c.get("distill") else "",
+                    f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
+                    f" names are copied rather than recalled." if c.get("renamed") else ""])
     spread = c.get("spread", SPREAD)
     shape = ("the same at every position (spread 1)" if spread == 1 else
              f"from {spread:g} x the average down to its minimum at position {c['horizon']}, {c['decay']} decay")
@@ -382,7 +390,7 @@ def register(subparsers) -> None:
     for name in ("warmup_layers", "horizon", "rank", "alpha", "batch_size", "grad_accum", "steps",
                  "validation_examples", "eval_every", "checkpoint_every", "seed", "limit"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread"):
+    for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread", "renamed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
     p.add_argument("--decay", default=defaults.decay)
     p.add_argument("--mode", default=defaults.mode)

@@ -9,8 +9,9 @@ import torch
 
 from conftest import tiny_model
 from skipdecode import adapters
-from skipdecode.data import Item, parse_mr, read_items, split_items
-from skipdecode.evaluate import human_scores, score, slot_error_rate, slot_realized
+from skipdecode import data
+from skipdecode.data import Item, pairs, parse_mr, read_items, renamed_items, split_items
+from skipdecode.evaluate import check_held_out, human_scores, names_copied, score, slot_error_rate, slot_realized
 
 EAGLE = Item("name[The Eagle], eatType[coffee shop], food[French], area[riverside], familyFriendly[yes]",
              ("The Eagle is a family friendly French coffee shop by the riverside.",
@@ -24,7 +25,61 @@ def test_outputs_equal_to_references_score_100():
     assert result["bleu"] == pytest.approx(100.0)
     assert result["rouge_l"] == pytest.approx(100.0)
     assert result["chrf"] == pytest.approx(100.0)
-    assert result["ser"] == 0.0
+    assert result["ser"] == 0.0 and result["names"] == 100.0
+
+
+def test_names_copied_counts_exact_names_only():
+    outputs = ["The Eagle is a French coffee shop.", "The Mil is cheap."]  # the second misspells it
+    assert names_copied([EAGLE, MILL], outputs) == 0.5
+    assert names_copied([EAGLE, MILL], [o.upper() for o in outputs]) == 0.5  # case does not matter
+    assert names_copied([Item("food[Thai]", ("Thai.",))], ["Thai."]) == 1.0  # no name to copy
+
+
+def test_made_up_names_replace_name_and_landmark_everywhere():
+    near = Item("name[The Mill], food[Thai], near[Café Rouge]",
+                ("The Mill serves Thai near Café Rouge.", "Near Café Rouge, The Mill is Thai."))
+    renamed = renamed_items([EAGLE, near], seed=3)
+    assert renamed == renamed_items([EAGLE, near], seed=3)  # fixed by the seed
+    for old, new in zip([EAGLE, near], renamed):
+        assert len(new.refs) == len(old.refs)
+        for key, value in old.slots.items():
+            if key in ("name", "near"):
+                assert new.slots[key] != value and all(new.slots[key] in r and value not in r for r in new.refs)
+            else:
+                assert new.slots[key] == value
+    assert len({new.slots["name"] for new in renamed_items([EAGLE] * 20)}) > 10  # many names, not one
+
+
+def test_training_pairs_rename_the_share_asked_for():
+    items = [EAGLE, MILL] * 50
+    plain = pairs(items)
+    assert plain == pairs(items, renamed=0.0) and plain[0] == (EAGLE.prompt, EAGLE.refs[0])
+    assert all("The Eagle" not in p and "The Mill" not in p for p, _ in pairs(items, renamed=1.0))
+    half = pairs(items, renamed=0.5, seed=1)
+    assert half == pairs(items, renamed=0.5, seed=1)
+    changed = sum(a != b for a, b in zip(plain, half)) / len(plain)
+    assert 0.35 < changed < 0.65
+    for prompt, ref in half:  # the prompt's name is the one its reference uses
+        assert parse_mr(prompt.split(": ", 1)[1])["name"] in ref
+
+
+def test_validation_split_is_the_mrs_training_held_out(tmp_path):
+    rows = "".join(f'"name[R{i}], food[Thai]",R{i} serves Thai.\n' for i in range(40))
+    (tmp_path / "devset.csv").write_text("mr,ref\n" + rows)
+    held = data.eval_items(tmp_path, "validation")
+    assert held == split_items(read_items(tmp_path / "devset.csv"), data.VALIDATION_SHARE, data.SPLIT_SEED)[1]
+    assert len(held) == 2
+    with pytest.raises(ValueError, match="split must be test or validation"):
+        data.eval_items(tmp_path, "train")
+
+
+def test_validation_refuses_an_adapter_that_held_out_other_mrs(tmp_path):
+    usual = fake_adapter(tmp_path, "usual", [3], config={"seed": 0, "validation_share": 0.05})
+    other = fake_adapter(tmp_path, "other", [3], config={"seed": 7, "validation_share": 0.05})
+    check_held_out([("SkipDecode", usual, 3.0), ("untrained", None, 1.0)], "validation")
+    check_held_out([("SkipDecode", other, 3.0)], "test")  # the test set is held out from every adapter
+    with pytest.raises(ValueError, match="adapter other held out other devset MRs"):
+        check_held_out([("SkipDecode", other, 3.0)], "validation")
 
 
 def test_human_ceiling_scores_the_first_reference_against_the_others():
@@ -135,3 +190,16 @@ def test_eval_command_json_rows(tmp_path):
     assert rows[-1]["avg_layers"] < rows[0]["avg_layers"] == 30.0
     folder = tmp_path / "new"  # made by the command, as assets/results is on a fresh clone
     assert all((folder / name).exists() for name in ("e2e.csv", "e2e.json", "e2e-outputs.jsonl", "e2e-human.json"))
+
+
+def test_eval_on_held_out_mrs_with_made_up_names(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--made-up-names",
+                           "--limit", "2", "--speedups", "1", "--max-new-tokens", "24", "--out",
+                           str(tmp_path / "val"), "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert [r["row"] for r in rows] == ["untrained 1x", "fine-tuned 1x"] and all(r["mrs"] == 2 for r in rows)
+    assert all(0 <= r["names"] <= 100 for r in rows)
+    devset_names = {i.slots["name"] for i in read_items(data.resolve(None, "devset.csv"))}
+    decoded = [json.loads(line) for line in (tmp_path / "val-outputs.jsonl").read_text().splitlines()]
+    assert len(decoded) == 2 and all(parse_mr(d["mr"])["name"] not in devset_names for d in decoded)

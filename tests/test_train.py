@@ -111,15 +111,19 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
                 checkpoint_dir=str(tmp_path / "checkpoints"))
     with pytest.raises(ValueError, match="--teacher"):
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), distill=0.5, **base))
+    with pytest.raises(ValueError, match="--renamed is a share"):
+        training.train(training.TrainConfig(out=str(tmp_path / "bad"), renamed=1.5, **base))
     summary = training.train(training.TrainConfig(out=str(tmp_path / "kd"), init="e2e-1x", teacher="e2e-1x",
-                                                  distill=0.5, steps=1, lr=1e-9, **base))
+                                                  distill=0.5, renamed=0.5, steps=1, lr=1e-9, **base))
     assert summary["config"]["init"] == "e2e-1x" and summary["config"]["teacher"] == "e2e-1x"
+    assert summary["config"]["renamed"] == 0.5
     assert summary["config"]["rank"] == find_adapter("e2e-1x").meta["config"]["rank"]
     start = load_file(find_adapter("e2e-1x").path / "adapter_model.safetensors")
     after = load_file(tmp_path / "kd" / "adapter_model.safetensors")
     assert start.keys() == after.keys()  # a learning rate of 1e-9 leaves the 1x weights where they were
     assert all(torch.allclose(start[k].float(), after[k].float(), atol=1e-3) for k in start)
-    assert "e2e-1x" in (tmp_path / "kd" / "README.md").read_text()
+    card = (tmp_path / "kd" / "README.md").read_text()
+    assert "e2e-1x" in card and "50% of the training examples name a made-up restaurant" in card
 
 
 @pytest.mark.slow
