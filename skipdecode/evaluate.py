@@ -70,7 +70,7 @@ def names_copied(items: list[Item], outputs: list[str]) -> float:
     """Share of outputs that spell the restaurant's name exactly: where skipping breaks first, on names
     the fine-tuning data never had."""
     named = [(item.slots["name"], text) for item, text in zip(items, outputs) if item.slots.get("name")]
-    return sum(name.lower() in text.lower() for name, text in named) / len(named) if named else 1.0
+    return sum(slot_realized("name", name, text) for name, text in named) / len(named) if named else 1.0
 
 
 def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
@@ -221,8 +221,8 @@ def markdown(rows: list[Row]) -> str:
     head = "| row | adapter | BLEU | ROUGE-L | chrF | SER % | names % | layers/token | decode speedup |"
     lines = [head, "|" + "---|" * 9]
     for r in rows:
-        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | {r.names:.1f} | "
-                     f"{r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
+        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | "
+                     f"{r.names:.1f} | {r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
     return "\n".join(lines)
 
 

@@ -229,7 +229,8 @@ def train(config: TrainConfig) -> dict:
     train_examples = tokenize_pairs(tokenizer, pairs(train_items, config.renamed, config.seed))[: config.limit]
     # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
     val_renamed = 1.0 if config.renamed else 0.0
-    val_examples = tokenize_pairs(tokenizer, pairs(val_items, val_renamed, config.seed + 1))[: config.validation_examples]
+    val_pairs = pairs(val_items, val_renamed, config.seed + 1)
+    val_examples = tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
     schedules = schedules_for(config.speedups, L, config)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
