@@ -111,6 +111,8 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
                 checkpoint_dir=str(tmp_path / "checkpoints"))
     with pytest.raises(ValueError, match="--teacher"):
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), distill=0.5, **base))
+    with pytest.raises(ValueError, match="--sequence-kd .* needs --teacher"):
+        training.train(training.TrainConfig(out=str(tmp_path / "bad"), sequence_kd=True, **base))
     with pytest.raises(ValueError, match="--renamed is a share"):
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), renamed=1.5, **base))
     summary = training.train(training.TrainConfig(out=str(tmp_path / "kd"), init="e2e-1x", teacher="e2e-1x",
@@ -124,6 +126,24 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     assert all(torch.allclose(start[k].float(), after[k].float(), atol=1e-3) for k in start)
     card = (tmp_path / "kd" / "README.md").read_text()
     assert "e2e-1x" in card and "50% of the training examples name a made-up restaurant" in card
+    summary = training.train(training.TrainConfig(out=str(tmp_path / "skd"), init="e2e-1x", teacher="e2e-1x",
+                                                  distill=0.5, sequence_kd=True, steps=1, **base))
+    assert summary["config"]["sequence_kd"] and summary["train_examples"] == 8
+    assert "teacher's greedy outputs, not the references" in (tmp_path / "skd" / "README.md").read_text()
+
+
+def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
+    """Each reference of an MR becomes the full-depth model's greedy output for that MR; the MR keeps its
+    number of training examples."""
+    from skipdecode.data import Item
+    from skipdecode.train import teacher_items
+
+    items = [Item("name[The Eagle], eatType[pub]", ("r1", "r2", "r3")), Item("name[Strada], area[riverside]", ("r",))]
+    taught = teacher_items(engine, items, batch_size=2, max_new_tokens=12)
+    for item, new in zip(items, taught):
+        alone = engine.generate([item.prompt], Schedule.full(engine.num_layers), max_new_tokens=12).texts[0]
+        assert new.mr == item.mr and new.refs == (alone.strip(),) * len(item.refs)
+        assert alone.strip() not in item.refs
 
 
 @pytest.mark.slow
