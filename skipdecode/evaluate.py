@@ -18,7 +18,7 @@ from pathlib import Path
 from .data import Item, parse_mr
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
-METRICS = ("bleu", "rouge_l", "chrf", "ser", "names")
+METRICS = ("bleu", "rouge_l", "chrf", "ser", "names", "length")
 
 # How a slot value may be realized in text, beyond the value itself (lower case).
 REALIZATIONS = {
@@ -75,7 +75,8 @@ def names_copied(items: list[Item], outputs: list[str]) -> float:
 
 def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
     """Corpus BLEU and chrF against every reference of each MR, mean best-reference ROUGE-L F1,
-    slot error rate, names copied; all in percent."""
+    slot error rate, names copied, and length: output words per reference word as BLEU counts them
+    (below 100 costs BLEU its brevity penalty, the skip adapters' main loss); all in percent."""
     import sacrebleu
 
     from .quality import rouge_l
@@ -83,12 +84,14 @@ def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
     depth = max(len(item.refs) for item in items)
     streams = [[item.refs[k] if k < len(item.refs) else None for item in items] for k in range(depth)]
     rouge = [rouge_l(out, item.refs) for item, out in zip(items, outputs)]
+    bleu = sacrebleu.corpus_bleu(outputs, streams)
     return {
-        "bleu": sacrebleu.corpus_bleu(outputs, streams).score,
+        "bleu": bleu.score,
         "rouge_l": sum(rouge) / len(rouge),
         "chrf": sacrebleu.corpus_chrf(outputs, streams).score,
         "ser": 100.0 * slot_error_rate(items, outputs),
         "names": 100.0 * names_copied(items, outputs),
+        "length": 100.0 * bleu.sys_len / max(bleu.ref_len, 1),
     }
 
 
@@ -113,6 +116,7 @@ class Row:
     chrf: float
     ser: float
     names: float  # % of outputs with the restaurant name spelled exactly
+    length: float  # output length in % of the reference length BLEU compares it with
     avg_layers: float  # layers run per generated token, the prefill's last position counted for token 0
     ms_per_token: float  # decode phase, over the tokens decoded
     decode_speedup: float  # ms_per_token of the fine-tuned 1x row / this row's, same run
@@ -218,11 +222,12 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
 
 
 def markdown(rows: list[Row]) -> str:
-    head = "| row | adapter | BLEU | ROUGE-L | chrF | SER % | names % | layers/token | decode speedup |"
-    lines = [head, "|" + "---|" * 9]
+    head = ("| row | adapter | BLEU | ROUGE-L | chrF | SER % | names % | length % | layers/token |"
+            " decode speedup |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | "
-                     f"{r.names:.1f} | {r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
+                     f"{r.names:.1f} | {r.length:.1f} | {r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
     return "\n".join(lines)
 
 

@@ -25,7 +25,14 @@ def test_outputs_equal_to_references_score_100():
     assert result["bleu"] == pytest.approx(100.0)
     assert result["rouge_l"] == pytest.approx(100.0)
     assert result["chrf"] == pytest.approx(100.0)
-    assert result["ser"] == 0.0 and result["names"] == 100.0
+    assert result["ser"] == 0.0 and result["names"] == 100.0 and result["length"] == pytest.approx(100.0)
+
+
+def test_length_is_output_words_per_reference_word():
+    """BLEU's own count: 13a tokens against the closest reference length; a short output is below 100."""
+    short = score([MILL], ["The Mill is cheap."])  # 5 tokens against the reference's 15 ("," and "." count)
+    assert short["length"] == pytest.approx(100 * 5 / 15)
+    assert score([MILL], [MILL.refs[0] + " " + MILL.refs[0]])["length"] == pytest.approx(200.0)
 
 
 def test_names_copied_counts_exact_names_only():
