@@ -196,8 +196,9 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
     check_held_out(plan, split)
     engines, rows, all_outputs = {}, [], {}
     bar = tqdm(total=len(plan) * len(items), desc="eval", unit="mr")
-    for label, info, speedup in plan:
-        key = info.name if info else "none"
+    keys = [info.name if info else "none" for _, info, _ in plan]
+    for i, (label, info, speedup) in enumerate(plan):
+        key = keys[i]
         if key not in engines:
             engines[key] = engine = Engine.load(model, adapter=info)
             engine.generate([it.prompt for it in items[:batch_size]], max_new_tokens=4)  # warm-up, untimed
@@ -209,6 +210,8 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
         all_outputs[f"{label} {speedup:g}x {key}"] = outputs
         rows.append(Row(f"{label} {speedup:g}x", engine.base_name, key, speedup, **score(items, outputs),
                         avg_layers=layers, ms_per_token=ms, decode_speedup=0.0, mrs=len(items), tokens=tokens))
+        if key not in keys[i + 1:]:  # free a merged model no later row needs (eleven held 12 GB)
+            del engines[key], engine
     bar.close()
     baseline = next((r for r in rows if r.row == "fine-tuned 1x"), rows[0])
     for r in rows:
