@@ -361,7 +361,7 @@ def finish_adapter(folder: Path) -> None:
     c = meta["config"]
     speedups = ", ".join(f"{s:g}x" for s in meta["speedups"])
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
-                    f" Loss: {1 - c['distill']:g} x cross-entropy on the reference + {c['distill']:g} x KL from"
+                    f" Loss: {1 - c['distill']:g} x cross-entropy on the target + {c['distill']:g} x KL from"
                     f" the full-depth model with `{c['teacher']}` (self-distillation)." if c.get("distill") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
