@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .data import Item, parse_mr
+from .data import SPLIT_SEED, VALIDATION_SHARE, Item, parse_mr
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
 METRICS = ("bleu", "rouge_l", "chrf", "ser", "names", "length")
@@ -162,38 +162,53 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
     return rows
 
 
-def load_items(data=None, split: str = "test", made_up_names: bool = False, limit: int | None = None):
+def load_items(data=None, split: str = "test", made_up_names: bool = False, limit: int | None = None,
+               share: float = VALIDATION_SHARE):
     from .data import eval_items, renamed_items
 
-    items = eval_items(data, split)
+    items = eval_items(data, split, share)
     return (renamed_items(items) if made_up_names else items)[:limit]
 
 
-def check_held_out(plan, split: str) -> None:
-    """Validation scores mean something only on MRs an adapter never trained on."""
-    from .data import SPLIT_SEED, VALIDATION_SHARE
+def check_held_out(plan, split: str, share: float = VALIDATION_SHARE) -> None:
+    """Validation scores mean something only on MRs an adapter never trained on, nor the adapters it started
+    from (--init) or learned from (--teacher). One seed's splits are nested (each is a prefix of the same
+    shuffle), so an adapter that held out a share at least as large held out every MR scored here."""
+    if split == "validation":
+        for _, info, _ in plan:
+            _check_lineage(info, share, set())
 
-    if split != "validation":
+
+def _check_lineage(info, share: float, seen: set) -> None:
+    from .adapters import find_adapter
+
+    if info is None or info.path in seen:
         return
-    for _, info, _ in plan:
-        c = info.config if info else {}
-        if (c.get("seed", SPLIT_SEED), c.get("validation_share", VALIDATION_SHARE)) != (SPLIT_SEED, VALIDATION_SHARE):
-            raise ValueError(f"adapter {info.name} held out other devset MRs (seed {c.get('seed')}, share "
-                             f"{c.get('validation_share')}); --split validation follows seed {SPLIT_SEED}, "
-                             f"share {VALIDATION_SHARE}")
+    seen.add(info.path)
+    c = info.config
+    if c.get("seed", SPLIT_SEED) != SPLIT_SEED or c.get("validation_share", VALIDATION_SHARE) < share:
+        raise ValueError(f"adapter {info.name} held out other devset MRs (seed {c.get('seed')}, share "
+                         f"{c.get('validation_share')}); --split validation follows seed {SPLIT_SEED}, share {share}")
+    for ancestor in filter(None, (c.get("init"), c.get("teacher"))):
+        try:
+            parent = find_adapter(ancestor)
+        except ValueError:  # an intermediate run that no longer exists cannot be checked
+            continue
+        _check_lineage(parent, share, seen)
 
 
 def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
              horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, model=None,
-             outputs_path: Path | None = None, split: str = "test", made_up_names: bool = False) -> list[Row]:
+             outputs_path: Path | None = None, split: str = "test", made_up_names: bool = False,
+             validation_share: float = VALIDATION_SHARE) -> list[Row]:
     from tqdm.auto import tqdm
 
     from .engine import Engine
     from .adapters import trained_schedule
 
-    items = load_items(data, split, made_up_names, limit)
+    items = load_items(data, split, made_up_names, limit, validation_share)
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
-    check_held_out(plan, split)
+    check_held_out(plan, split, validation_share)
     engines, rows, all_outputs = {}, [], {}
     bar = tqdm(total=len(plan) * len(items), desc="eval", unit="mr")
     keys = [info.name if info else "none" for _, info, _ in plan]
@@ -251,6 +266,9 @@ def register(subparsers) -> None:
                         "validation)")
     p.add_argument("--split", choices=("test", "validation"), default="test",
                    help="validation: the devset MRs training held out, to choose adapters without the test set")
+    p.add_argument("--validation-share", type=float, default=VALIDATION_SHARE,
+                   help="with --split validation: the share of devset MRs held out (every adapter scored, and the "
+                        "adapters it was trained from, must have held out at least this share)")
     p.add_argument("--made-up-names", action="store_true",
                    help="replace every restaurant name and landmark (outputs and references) with a made-up one")
     p.add_argument("--speedups", default="1,2,3,4,5")
@@ -277,9 +295,9 @@ def _cmd_eval(args) -> int:
                     horizon=args.horizon, compare_adapters=args.compare_adapters,
                     untrained_skip=args.untrained_skip, model=args.model,
                     outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"), split=args.split,
-                    made_up_names=args.made_up_names)
+                    made_up_names=args.made_up_names, validation_share=args.validation_share)
     write(rows, prefix)
-    human = human_scores(load_items(args.data, args.split, args.made_up_names, args.limit))
+    human = human_scores(load_items(args.data, args.split, args.made_up_names, args.limit, args.validation_share))
     prefix.with_name(prefix.name + "-human.json").write_text(json.dumps({k: round(v, 3) for k, v in human.items()}))
     if args.json:
         print(json.dumps([asdict(r) for r in rows]))

@@ -89,6 +89,27 @@ def test_validation_refuses_an_adapter_that_held_out_other_mrs(tmp_path):
         check_held_out([("SkipDecode", other, 3.0)], "validation")
 
 
+def test_a_larger_validation_share_holds_out_a_superset():
+    items = [Item(f"name[R{i}]", ("x",)) for i in range(200)]
+    small, large = (set(split_items(items, share, 0)[1]) for share in (0.05, 0.2))
+    assert len(small) == 10 and len(large) == 40 and small < large
+
+
+def test_validation_checks_the_adapters_an_adapter_was_trained_from(tmp_path):
+    wide = {"seed": 0, "validation_share": 0.2}
+    base = fake_adapter(tmp_path, "base", [1], config={"seed": 0, "validation_share": 0.05})
+    teacher = fake_adapter(tmp_path, "teacher", [1], config=wide)
+    child = fake_adapter(tmp_path, "child", [3], config={**wide, "init": str(teacher.path), "teacher": str(teacher.path)})
+    mixed = fake_adapter(tmp_path, "mixed", [3], config={**wide, "init": str(teacher.path), "teacher": str(base.path)})
+    orphan = fake_adapter(tmp_path, "orphan", [3], config={**wide, "init": "/gone/run"})
+    check_held_out([("SkipDecode", child, 3.0), ("SkipDecode", orphan, 3.0)], "validation", 0.2)
+    check_held_out([("SkipDecode", mixed, 3.0)], "validation", 0.05)  # 0.2 and 0.05 both hold out the 0.05 MRs
+    with pytest.raises(ValueError, match="adapter base held out other devset MRs"):
+        check_held_out([("SkipDecode", mixed, 3.0)], "validation", 0.2)  # its teacher trained on 0.2's MRs
+    with pytest.raises(ValueError, match="adapter base held out"):
+        check_held_out([("SkipDecode", base, 1.0)], "validation", 0.2)
+
+
 def test_human_ceiling_scores_the_first_reference_against_the_others():
     twice = Item(MILL.mr, MILL.refs * 2)
     assert human_scores([MILL]) == {}  # one reference: nothing to score it against
@@ -210,3 +231,10 @@ def test_eval_on_held_out_mrs_with_made_up_names(tmp_path):
     devset_names = {i.slots["name"] for i in read_items(data.resolve(None, "devset.csv"))}
     decoded = [json.loads(line) for line in (tmp_path / "val-outputs.jsonl").read_text().splitlines()]
     assert len(decoded) == 2 and all(parse_mr(d["mr"])["name"] not in devset_names for d in decoded)
+
+
+def test_eval_refuses_a_validation_share_the_adapters_trained_on():
+    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
+                           "0.2", "--speedups", "1", "--limit", "1"], capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "adapter e2e-1x held out other devset MRs" in done.stderr
+    assert "Traceback" not in done.stderr
