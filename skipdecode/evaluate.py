@@ -206,6 +206,8 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
     from .engine import Engine
     from .adapters import trained_schedule
 
+    if not 0 < validation_share < 1:
+        raise ValueError(f"--validation-share must be between 0 and 1; got {validation_share:g}")
     items = load_items(data, split, made_up_names, limit, validation_share)
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
     check_held_out(plan, split, validation_share)

@@ -238,3 +238,6 @@ def test_eval_refuses_a_validation_share_the_adapters_trained_on():
                            "0.2", "--speedups", "1", "--limit", "1"], capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and "adapter e2e-1x held out other devset MRs" in done.stderr
     assert "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
+                           "1.5"], capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "--validation-share must be between 0 and 1; got 1.5" in done.stderr
