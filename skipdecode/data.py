@@ -80,6 +80,8 @@ def read_items(path: str | os.PathLike) -> list[Item]:
 
 def split_items(items: list[Item], validation_share: float, seed: int) -> tuple[list[Item], list[Item]]:
     """Hold out whole MRs (not single references), so validation MRs are unseen in training."""
+    if not 0 < validation_share < 1:
+        raise ValueError(f"--validation-share must be between 0 and 1; got {validation_share:g}")
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     held = max(1, round(len(items) * validation_share))

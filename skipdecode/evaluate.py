@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .data import SPLIT_SEED, VALIDATION_SHARE, Item, parse_mr
+from .data import SPLIT_SEED, VALIDATION_SHARE, Item, eval_items, parse_mr, renamed_items
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
 METRICS = ("bleu", "rouge_l", "chrf", "ser", "names", "length")
@@ -164,8 +164,6 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
 
 def load_items(data=None, split: str = "test", made_up_names: bool = False, limit: int | None = None,
                share: float = VALIDATION_SHARE):
-    from .data import eval_items, renamed_items
-
     items = eval_items(data, split, share)
     return (renamed_items(items) if made_up_names else items)[:limit]
 
@@ -206,8 +204,6 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
     from .engine import Engine
     from .adapters import trained_schedule
 
-    if not 0 < validation_share < 1:
-        raise ValueError(f"--validation-share must be between 0 and 1; got {validation_share:g}")
     items = load_items(data, split, made_up_names, limit, validation_share)
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
     check_held_out(plan, split, validation_share)

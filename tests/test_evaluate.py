@@ -93,6 +93,8 @@ def test_a_larger_validation_share_holds_out_a_superset():
     items = [Item(f"name[R{i}]", ("x",)) for i in range(200)]
     small, large = (set(split_items(items, share, 0)[1]) for share in (0.05, 0.2))
     assert len(small) == 10 and len(large) == 40 and small < large
+    with pytest.raises(ValueError, match="between 0 and 1; got 0"):  # train and eval split the same way
+        split_items(items, 0, 0)
 
 
 def test_validation_checks_the_adapters_an_adapter_was_trained_from(tmp_path):
