@@ -72,6 +72,18 @@ def find_adapter(name_or_path: str | os.PathLike) -> AdapterInfo:
     raise ValueError(f"unknown adapter {str(name_or_path)!r}; available: {names}")
 
 
+def adapter_ref(info: AdapterInfo) -> str:
+    """How a training record names an adapter it started or distilled from: by name when the adapters
+    folder finds it under that name (portable with the folder), else by absolute path, so that eval's
+    held-out check can follow the lineage later from any working directory."""
+    try:
+        if find_adapter(info.name).path.resolve() == Path(info.path).resolve():
+            return info.name
+    except ValueError:
+        pass
+    return str(Path(info.path).resolve())
+
+
 def same_base(a: str, b: str) -> bool:
     """The Hub's SmolLM2-135M-Instruct is the model the bundled GGUF quantizes to 4 bits: an adapter
     trained on one applies to the other (measured here on the bundled copy only)."""

@@ -200,7 +200,7 @@ def train(config: TrainConfig) -> dict:
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from .adapters import NONE, find_adapter, merge_adapter, same_base
+    from .adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
     from .data import pairs, read_items, resolve, split_items
     from .models import load_model
 
@@ -225,7 +225,7 @@ def train(config: TrainConfig) -> dict:
             if p.requires_grad:
                 p.data = p.data.float()  # shipped in float16
         lora = peft_model.peft_config["default"]
-        config.rank, config.alpha, config.init = lora.r, lora.lora_alpha, str(info.name)
+        config.rank, config.alpha, config.init = lora.r, lora.lora_alpha, adapter_ref(info)
     else:
         lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
                           target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
@@ -235,8 +235,10 @@ def train(config: TrainConfig) -> dict:
     teacher = None
     if config.teacher:
         base = load_model(config.model, device="cpu", dtype="float32")
-        full = base.model if config.teacher.lower() in NONE else merge_adapter(
-            base.model, find_adapter(config.teacher), base.name)
+        source = None if config.teacher.lower() in NONE else find_adapter(config.teacher)
+        if source is not None:
+            config.teacher = adapter_ref(source)
+        full = base.model if source is None else merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
 
     train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),

@@ -151,7 +151,7 @@ def test_reader_groups_references_and_splits_by_mr(tmp_path):
 
 def fake_adapter(folder, name, speedups, base="SmolLM2-135M-Instruct", config=None):
     path = folder / name
-    path.mkdir()
+    path.mkdir(parents=True)
     (path / "adapter_config.json").write_text("{}")
     meta = {"speedups": speedups, "base_model": base, **({"config": config} if config else {})}
     (path / "skipdecode.json").write_text(json.dumps(meta))
@@ -185,6 +185,17 @@ def test_adapter_for_prefers_exact_then_one_for_all_then_nearest(tmp_path, monke
     assert adapters.adapter_for(3, base_model="HuggingFaceTB/SmolLM2-135M-Instruct").name == "three"  # Hub copy
     with pytest.raises(ValueError, match="unknown adapter 'nope'; available: all, other-model, six, three"):
         adapters.find_adapter("nope")
+
+
+def test_training_records_name_an_adapter_so_the_lineage_check_can_find_it(tmp_path, monkeypatch):
+    """By name inside the adapters folder, by absolute path outside it (a run in a scratch folder)."""
+    shipped, scratch = tmp_path / "adapters", tmp_path / "runs"
+    monkeypatch.setenv(adapters.ADAPTERS_ENV, str(shipped))
+    inside = fake_adapter(shipped, "e2e-1x", [1])
+    outside = fake_adapter(scratch, "e2e-1x", [1])  # the same name, another adapter
+    assert adapters.adapter_ref(inside) == "e2e-1x"
+    assert adapters.adapter_ref(outside) == str((scratch / "e2e-1x").resolve())
+    assert adapters.find_adapter(adapters.adapter_ref(outside)).path.resolve() == outside.path.resolve()
 
 
 def test_merge_adapter_changes_weights_and_refuses_another_model(tmp_path):
