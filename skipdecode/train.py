@@ -235,10 +235,12 @@ def train(config: TrainConfig) -> dict:
     teacher = None
     if config.teacher:
         base = load_model(config.model, device="cpu", dtype="float32")
-        source = None if config.teacher.lower() in NONE else find_adapter(config.teacher)
-        if source is not None:
+        if config.teacher.lower() in NONE:
+            full = base.model
+        else:
+            source = find_adapter(config.teacher)
             config.teacher = adapter_ref(source)
-        full = base.model if source is None else merge_adapter(base.model, source, base.name)
+            full = merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
 
     train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
