@@ -55,7 +55,7 @@ class TrainConfig:
     teacher: str | None = None  # adapter of the full-depth teacher ("none": the base model)
     distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
     renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
-    sequence_kd: bool = False  # targets: the teacher's greedy outputs instead of the references
+    sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
     rank: int = 8
     alpha: int = 16
     dropout: float = 0.05
@@ -136,16 +136,20 @@ class SkipLM(torch.nn.Module):
 
 
 # ---- data -------------------------------------------------------------------------------------
-def teacher_items(engine, items: list[Item], batch_size: int = 16, max_new_tokens: int = 64) -> list[Item]:
-    """Sequence-level distillation (Kim and Rush, 2016): each reference of an MR replaced by the full-depth
-    teacher's greedy output for it. Why: the skip adapters' n-gram precision on the test set matched the 1x
-    model's; their whole BLEU gap was brevity. Trained on eight differing references per MR, a student
-    with a third of the layers settles on the short ones and drops facts; one target per MR, the one the
-    full model would write, leaves nothing to hedge between. The MR keeps its number of examples."""
+def teacher_items(engine, items: list[Item], share: float = 1.0, seed: int = 0, batch_size: int = 16,
+                  max_new_tokens: int = 64) -> list[Item]:
+    """Sequence-level distillation (Kim and Rush, 2016): each reference of an MR replaced, with probability
+    `share`, by the full-depth teacher's greedy output for it. Why: the skip adapters' n-gram precision on
+    the test set matched the 1x model's; their whole BLEU gap was brevity. Trained on eight differing
+    references per MR, a student with a third of the layers settles on the short ones and drops facts; one
+    target per MR, the one the full model would write, leaves nothing to hedge between. A share below 1
+    keeps some of the human wording too. The MR keeps its number of examples."""
     from .evaluate import decode
 
     outputs, *_ = decode(engine, items, Schedule.full(engine.num_layers), batch_size, max_new_tokens)
-    return [Item(it.mr, (out,) * len(it.refs) if out else it.refs) for it, out in zip(items, outputs)]
+    rng = random.Random(seed)
+    return [Item(it.mr, tuple(out if out and rng.random() < share else ref for ref in it.refs))
+            for it, out in zip(items, outputs)]
 
 
 def tokenize_pairs(tokenizer, pairs):
@@ -212,6 +216,8 @@ def train(config: TrainConfig) -> dict:
         raise ValueError("--distill takes a weight in (0, 1] and needs --teacher; --teacher needs --distill")
     if config.sequence_kd and not config.teacher:
         raise ValueError("--sequence-kd trains on the teacher's outputs: it needs --teacher")
+    if not 0 <= config.sequence_kd <= 1:
+        raise ValueError(f"--sequence-kd is a share of the references, in [0, 1]; got {config.sequence_kd}")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
     loaded = load_model(config.model, device="cpu", dtype="float32")
@@ -249,7 +255,8 @@ def train(config: TrainConfig) -> dict:
     # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
     if config.sequence_kd:
         from .engine import Engine
-        train_items = teacher_items(Engine(teacher.model, tokenizer), train_items)
+        engine = Engine(teacher.model, tokenizer)
+        train_items = teacher_items(engine, train_items, config.sequence_kd, config.seed)
     train_examples = tokenize_pairs(tokenizer, pairs(train_items, config.renamed, config.seed))[: config.limit]
     # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
     val_renamed = 1.0 if config.renamed else 0.0
@@ -371,7 +378,9 @@ def finish_adapter(folder: Path) -> None:
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
                     f" Targets: the teacher's greedy outputs, not the references (sequence-level"
-                    f" distillation)." if c.get("sequence_kd") else ""])
+                    f" distillation)." if c.get("sequence_kd") == 1 else
+                    f" Targets: {c['sequence_kd']:.0%} of the references replaced by the teacher's greedy"
+                    f" output (sequence-level distillation)." if c.get("sequence_kd") else ""])
     spread = c.get("spread", SPREAD)
     shape = ("the same at every position (spread 1)" if spread == 1 else
              f"from {spread:g} x the average down to its minimum at position {c['horizon']}, {c['decay']} decay")
@@ -421,8 +430,8 @@ def register(subparsers) -> None:
     p.add_argument("--mode", default=defaults.mode)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--checkpoint-dir", default=defaults.checkpoint_dir)
-    p.add_argument("--sequence-kd", action="store_true",
-                   help="train on the --teacher's greedy outputs instead of the references")
+    p.add_argument("--sequence-kd", type=float, nargs="?", const=1.0, default=0.0, metavar="SHARE",
+                   help="train on the --teacher's greedy outputs instead of the references (a SHARE of them)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")
     p.set_defaults(func=_cmd_train)
 

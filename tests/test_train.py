@@ -146,6 +146,24 @@ def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
         assert alone.strip() not in item.refs
 
 
+def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
+    """`--sequence-kd 0.5` keeps about half of the human references; which ones is fixed by the seed; a share
+    of 0 keeps them all; an out-of-range share is refused before any work."""
+    from skipdecode import train as training
+    from skipdecode.data import Item
+
+    items = [Item(f"name[The Eagle], eatType[pub], area[{a}]", tuple(f"r{a}{k}" for k in range(8)))
+             for a in ("riverside", "city centre")]
+    half = training.teacher_items(engine, items, share=0.5, seed=3, batch_size=2, max_new_tokens=8)
+    kept = [ref for item, new in zip(items, half) for ref, was in zip(new.refs, item.refs) if ref == was]
+    taught = [{ref for ref, was in zip(new.refs, item.refs) if ref != was} for item, new in zip(items, half)]
+    assert 4 <= len(kept) <= 12 and [len(t) for t in taught] == [1, 1]  # one teacher sentence per MR
+    assert half == training.teacher_items(engine, items, share=0.5, seed=3, batch_size=2, max_new_tokens=8)
+    assert training.teacher_items(engine, items, share=0.0, batch_size=2, max_new_tokens=8) == items
+    with pytest.raises(ValueError, match="--sequence-kd is a share"):
+        training.train(training.TrainConfig(out="unused", teacher="e2e-1x", distill=0.5, sequence_kd=1.5))
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     """A run stopped after its step-1 checkpoint and resumed ends with the very weights of the run that
