@@ -208,10 +208,6 @@ def train(config: TrainConfig) -> dict:
     from .data import pairs, read_items, resolve, split_items
     from .models import load_model
 
-    accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum,
-                              mixed_precision=pick_precision(config.precision), cpu=not torch.cuda.is_available())
-    random.seed(config.seed)
-    torch.manual_seed(config.seed)
     if not 0 <= config.distill <= 1 or (config.distill > 0) != (config.teacher is not None):
         raise ValueError("--distill takes a weight in (0, 1] and needs --teacher; --teacher needs --distill")
     if config.sequence_kd and not config.teacher:
@@ -220,6 +216,11 @@ def train(config: TrainConfig) -> dict:
         raise ValueError(f"--sequence-kd is a share of the references, in [0, 1]; got {config.sequence_kd}")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
+    # Bad options are refused above, before the Accelerator claims the process's precision state.
+    accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum,
+                              mixed_precision=pick_precision(config.precision), cpu=not torch.cuda.is_available())
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
     loaded = load_model(config.model, device="cpu", dtype="float32")
     tokenizer = loaded.tokenizer
     if config.init:
