@@ -164,6 +164,22 @@ def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
         training.train(training.TrainConfig(out="unused", teacher="e2e-1x", distill=0.5, sequence_kd=1.5))
 
 
+def test_complete_refs_keeps_the_references_that_leave_out_the_fewest_values():
+    """Per MR, only the references that miss the fewest MR values stay (every MR keeps at least one), by
+    the matcher that scores slot errors: 'inexpensive' realizes cheap, a missing area counts."""
+    from skipdecode.data import Item
+    from skipdecode.train import complete_refs
+
+    full = Item("name[Strada], priceRange[cheap], area[riverside]",
+                ("Strada is a cheap place.", "Strada by the river is inexpensive.", "Strada, riverside, cheap.",
+                 "A cheap place."))
+    one_complete = Item("name[The Eagle], eatType[pub], area[city centre]",
+                         ("The Eagle is a pub.", "A pub.", "The Eagle is in the centre of town, a pub."))
+    assert complete_refs([full, one_complete]) == [
+        Item(full.mr, ("Strada by the river is inexpensive.", "Strada, riverside, cheap.")),
+        Item(one_complete.mr, ("The Eagle is in the centre of town, a pub.",))]
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     """A run stopped after its step-1 checkpoint and resumed ends with the very weights of the run that
