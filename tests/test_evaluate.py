@@ -1,8 +1,10 @@
 """Metric wiring on hand-made references, the slot check, the data reader and adapter choice."""
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from skipdecode import data
 from skipdecode.data import Item, pairs, parse_mr, read_items, renamed_items, split_items
 from skipdecode.evaluate import check_held_out, human_scores, names_copied, score, slot_error_rate, slot_realized
 
+ROOT = Path(__file__).resolve().parent.parent
 EAGLE = Item("name[The Eagle], eatType[coffee shop], food[French], area[riverside], familyFriendly[yes]",
              ("The Eagle is a family friendly French coffee shop by the riverside.",
               "By the riverside, The Eagle coffee shop serves French food and welcomes kids."))
@@ -254,3 +257,25 @@ def test_eval_refuses_a_validation_share_the_adapters_trained_on():
     done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
                            "1.5"], capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and "--validation-share must be between 0 and 1; got 1.5" in done.stderr
+
+
+def test_paired_bootstrap_tells_a_real_gain_from_a_tie(tmp_path):
+    spec = importlib.util.spec_from_file_location("significance", ROOT / "scripts" / "significance.py")
+    significance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(significance)
+    paired_bootstrap = significance.paired_bootstrap
+    foods = ["Thai", "Indian", "French", "Italian", "Chinese", "English", "Japanese", "fast food"]
+    mrs = [f"name[R{i}], food[{f}], area[riverside]" for i in range(5) for f in foods]
+    ref = "R{i} serves {f} food by the river and is worth a visit for dinner."
+    rows = [(mr, ref.format(i=mr[6:mr.index("]")], f=mr.split("food[")[1].split("]")[0])) for mr in mrs]
+    (tmp_path / "refs.csv").write_text("mr,ref\n" + "".join(f'"{mr}",{r}\n' for mr, r in rows))
+    out = tmp_path / "outputs.jsonl"
+    cut = [r.split(" by ")[0] + "." for _, r in rows]
+    out.write_text("".join(json.dumps({"mr": mr, "copy": r, "short": s, "half": (r, s)[k % 2], "other half": (s, r)[k % 2]})
+                           + "\n" for k, ((mr, r), s) in enumerate(zip(rows, cut))))
+    n, ((_, copy), (_, short)) = paired_bootstrap(out, "copy", "short", data=tmp_path / "refs.csv")
+    assert n == 40 and copy.score == pytest.approx(100) and short.score < 30 and short.p_value < 0.01
+    _, ((_, half), (_, other)) = paired_bootstrap(out, "half", "other half", data=tmp_path / "refs.csv")
+    assert short.score < half.score < 100 and abs(half.score - other.score) < 1 and other.p_value > 0.2
+    with pytest.raises(SystemExit, match="no row 'nope'"):
+        paired_bootstrap(out, "copy", "nope", data=tmp_path / "refs.csv")
