@@ -24,21 +24,20 @@ from sacrebleu.metrics import BLEU  # noqa: E402
 from sacrebleu.significance import PairedTest  # noqa: E402
 
 from skipdecode.data import VALIDATION_SHARE  # noqa: E402
-from skipdecode.evaluate import load_items  # noqa: E402
+from skipdecode.evaluate import load_items, reference_streams  # noqa: E402
 
 
 def paired_bootstrap(outputs: Path, base: str, other: str, split: str = "test", share: float = VALIDATION_SHARE,
                      made_up_names: bool = False, data=None, samples: int = 1000):
-    refs = {i.mr: i.refs for i in load_items(data, split, made_up_names, None, share)}
+    by_mr = {i.mr: i for i in load_items(data, split, made_up_names, None, share)}
     rows = [json.loads(line) for line in outputs.open()]
     for name in (base, other):
         if name not in rows[0]:
             raise SystemExit(f"no row {name!r} in {outputs}; rows: {', '.join(k for k in rows[0] if k != 'mr')}")
-    missing = [r["mr"] for r in rows if r["mr"] not in refs]
+    missing = [r["mr"] for r in rows if r["mr"] not in by_mr]
     if missing:
         raise SystemExit(f"{len(missing)} MRs of {outputs} are not in the {split} split given (first: {missing[0]})")
-    depth = max(len(refs[r["mr"]]) for r in rows)
-    streams = [[refs[r["mr"]][k] if k < len(refs[r["mr"]]) else None for r in rows] for k in range(depth)]
+    streams = reference_streams([by_mr[r["mr"]] for r in rows])
     test = PairedTest([(name, [r[name] for r in rows]) for name in (base, other)],
                       {"BLEU": BLEU(references=streams)}, references=None, test_type="bs", n_samples=samples)
     _, results = test()

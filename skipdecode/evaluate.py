@@ -73,6 +73,13 @@ def names_copied(items: list[Item], outputs: list[str]) -> float:
     return sum(slot_realized("name", name, text) for name, text in named) / len(named) if named else 1.0
 
 
+def reference_streams(items: list[Item]) -> list[list[str | None]]:
+    """sacrebleu's layout for multi-reference scoring: the k-th reference of every MR, None where an MR
+    has fewer."""
+    depth = max(len(item.refs) for item in items)
+    return [[item.refs[k] if k < len(item.refs) else None for item in items] for k in range(depth)]
+
+
 def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
     """Corpus BLEU and chrF against every reference of each MR, mean best-reference ROUGE-L F1,
     slot error rate, names copied, and length: output words per reference word as BLEU counts them
@@ -81,8 +88,7 @@ def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
 
     from .quality import rouge_l
 
-    depth = max(len(item.refs) for item in items)
-    streams = [[item.refs[k] if k < len(item.refs) else None for item in items] for k in range(depth)]
+    streams = reference_streams(items)
     rouge = [rouge_l(out, item.refs) for item, out in zip(items, outputs)]
     bleu = sacrebleu.corpus_bleu(outputs, streams)
     return {

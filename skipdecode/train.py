@@ -165,8 +165,9 @@ def complete_refs(items: list[Item]) -> list[Item]:
 
     kept = []
     for item in items:
-        fewest = min(missing(item, ref) for ref in item.refs)
-        kept.append(Item(item.mr, tuple(ref for ref in item.refs if missing(item, ref) == fewest)))
+        counts = [missing(item, ref) for ref in item.refs]
+        fewest = min(counts)
+        kept.append(Item(item.mr, tuple(ref for ref, n in zip(item.refs, counts) if n == fewest)))
     return kept
 
 
