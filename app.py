@@ -3,6 +3,7 @@
 Listens on 127.0.0.1:7860 by default; on 0.0.0.0 on Spaces (SPACE_ID set) or when GRADIO_SERVER_NAME
 says so. The model loads before the server starts, so the first click does not wait for it.
 Serving limits come from options or the environment: a host can tighten them without editing code.
+On a ZeroGPU Space the models load at start and run only inside GPU calls (app/gpu.py, docs/hosting.md).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import logging
 import os
 
+from app import gpu  # first: on ZeroGPU it imports `spaces`, which must patch torch before CUDA is touched
 from app.layout import CONCURRENCY, CSS, build, theme
 from app.studio import Limits, Studio
 from skipdecode.batcher import DEFAULT_WINDOW_S, Batcher
@@ -53,10 +55,14 @@ def main(argv=None) -> None:
                         help=f"seconds one request may run (${TIME_LIMIT_ENV}, default {Limits.time_limit_s:g})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    limits = Limits(time_limit_s=args.time_limit)
+    limits = Limits(time_limit_s=gpu.time_limit(args.time_limit))
     window = float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S))
-    studio = Studio(limits=limits, batcher=Batcher(window_s=window, time_limit_s=limits.time_limit_s))
-    studio.warm_up()  # load the default model and run it once now, not at the first click
+    batcher = (gpu.ProcessBatcher if gpu.zero_gpu() else Batcher)(window_s=window, time_limit_s=limits.time_limit_s)
+    studio = Studio(limits=limits, batcher=batcher)
+    if gpu.zero_gpu():
+        gpu.preload(studio)  # every model, in this thread; no decoding here: this process has no GPU
+    else:
+        studio.warm_up()  # load the default model and run it once now, not at the first click
     demo = build(studio, concurrency=args.concurrency)
     demo.queue(max_size=args.queue_size)
     demo.launch(server_name=args.host, server_port=args.port, theme=theme(), css=CSS, show_error=False,

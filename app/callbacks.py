@@ -23,7 +23,12 @@ from . import plots, views
 from .results import load_table
 from .studio import Settings, Studio, shown
 
-PLOT_EVERY_S = 0.6  # plots redraw at most this often while tokens stream (the text updates every token)
+# While tokens stream, the page's text updates at most every TEXT_EVERY_S and its plots every PLOT_EVERY_S.
+# Each update is HTML built and sent by this process while the decode steps run in the batcher's thread:
+# updating at every position took the GIL and the cores from the very steps the page times, and made the
+# page's measured speedup read far below the API's for the same request (scripts/page_speedup.py).
+TEXT_EVERY_S = 0.25
+PLOT_EVERY_S = 0.75
 DECODINGS = ("greedy", "sampling")
 INTERNAL_ERROR = ("Something went wrong on the server while running this request; it has been logged. "
                   "Please try again, or change the input or the model.")
@@ -99,14 +104,18 @@ class Callbacks:
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode)
-            drawn, texts = 0.0, None
+            drawn = written = 0.0
+            texts = None
             for comparison in self.studio.compare(prompt, settings, model):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
                     tokenizer = self.studio.engine(comparison.model).tokenizer
                     texts = (views.TokenText(tokenizer), views.TokenText(tokenizer))
+                now, last = time.monotonic(), comparison.quality is not None
+                if not last and now - written < TEXT_EVERY_S:
+                    continue
+                written = now
                 outputs = self._compare_outputs(comparison, texts)
-                now = time.monotonic()
-                if now - drawn >= PLOT_EVERY_S or comparison.quality is not None:
+                if now - drawn >= PLOT_EVERY_S or last:
                     drawn = now
                     yield outputs + list(views.compare_figures(comparison))
                 else:

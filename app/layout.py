@@ -6,9 +6,10 @@ import gradio as gr
 
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import plots, views
+from . import plots, results, views
 from .callbacks import Callbacks
 from .examples import load_examples
+from .gpu import gpu_callbacks
 from .studio import Studio, public_name
 
 CSS = """
@@ -72,7 +73,7 @@ def theme() -> gr.themes.Base:
 
 def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
     """The page; `concurrency`: decoding requests in flight at once (more wait in Gradio's queue)."""
-    cb = Callbacks(studio)
+    cb = gpu_callbacks(Callbacks(studio))  # on ZeroGPU the model-running handlers run in GPU calls
     engine = studio.engine()
     L = engine.num_layers
     examples = load_examples()
@@ -183,10 +184,16 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
 
             # ---- Results ------------------------------------------------------------------------
             with gr.Tab("Results", id="results"):
-                gr.Markdown("Measured results from `assets/results/`, exactly as the commands wrote them.")
+                gr.Markdown("Measured results from `assets/results/`, exactly as the commands wrote them. The E2E "
+                            "plot draws the adapters this app serves as a frontier; the same run also measured "
+                            "experiment adapters that are no longer served: they are in the table, after the "
+                            "served rows, and on the plot when the box is ticked.")
                 e2e_note = gr.Markdown()
-                e2e_plot = gr.Plot(show_label=False, visible=False)
-                e2e_table = gr.Dataframe(label="E2E quality (test set)", interactive=False, visible=False)
+                show_experiments = gr.Checkbox(False, label="show experiment adapters", elem_id="sd-show-experiments",
+                                               info="grey points; hover one for its name")
+                e2e_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-results-plot")
+                e2e_table = gr.Dataframe(label="E2E quality (test set): served rows first", interactive=False,
+                                         visible=False, elem_id="sd-results-table")
                 bench_note = gr.Markdown()
                 bench_plot = gr.Plot(show_label=False, visible=False)
                 bench_table = gr.Dataframe(label="Speed benchmark", interactive=False, visible=False)
@@ -215,6 +222,9 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             concurrency_limit=concurrency, concurrency_id="decode")
         result_outputs = [e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot]
         demo.load(cb.results, None, result_outputs, api_visibility="private", queue=False)
-        refresh.click(cb.results, None, result_outputs, api_visibility="private", queue=False)
+        refresh.click(cb.results, None, result_outputs, api_visibility="private", queue=False).then(
+            results.e2e_figure, [show_experiments], [e2e_plot], api_visibility="private", queue=False)
+        show_experiments.change(results.e2e_figure, [show_experiments], [e2e_plot], api_visibility="private",
+                                queue=False)
         gr.api(cb.compare_api, api_name="compare", concurrency_limit=concurrency, concurrency_id="decode")
     return demo

@@ -12,6 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from skipdecode.adapters import NONE as NO_ADAPTER
+
 # One palette for the whole app: SkipDecode is indigo, full decoding is amber, warm-up is sky blue.
 SKIP = "#4f46e5"
 FULL = "#d97706"
@@ -19,6 +21,7 @@ WARMUP = "#38bdf8"
 PROMPT = "#cbd5e1"
 SKIPPED = "#f1f5f9"
 HOLE = "#dc2626"
+EXPERIMENT = "#94a3b8"
 SERIES = ["#4f46e5", "#d97706", "#059669", "#db2777", "#0891b2", "#7c3aed", "#65a30d", "#475569"]
 FONT = dict(family="Inter, ui-sans-serif, system-ui, -apple-system, Segoe UI, sans-serif", size=13, color="#1e293b")
 
@@ -229,24 +232,66 @@ def throughput_figure(points: pd.DataFrame) -> go.Figure:
 
 
 # ---- Results tab --------------------------------------------------------------------------------
-def quality_speed_figure(e2e: pd.DataFrame, metric: str = "bleu") -> go.Figure:
-    """E2E quality against decode speedup, one line per model/adapter (x: measured speedup when the
-    table has it, else the target)."""
+# Each kind of E2E row: its legend entry and look. Served adapters are drawn as a frontier (a line through
+# their points, each named); experiment adapters, measured in the same run but not served, as grey points.
+E2E_KINDS = {
+    "served": ("served adapters", dict(mode="lines+markers+text", line=dict(color=SKIP, width=2.5),
+                                       marker=dict(size=10, color=SKIP), textposition="top center",
+                                       textfont=dict(size=12, color=SKIP))),
+    "base": ("base model, no adapter", dict(mode="lines+markers+text", line=dict(color=FULL, width=2, dash="dot"),
+                                            marker=dict(size=10, color=FULL, symbol="diamond"),
+                                            textposition="middle right", textfont=dict(size=12, color=FULL))),
+    "experiment": ("experiment adapters (hover for names)",
+                   dict(mode="markers", marker=dict(size=8, color=EXPERIMENT, opacity=0.8,
+                                                    line=dict(color="white", width=1)))),
+}
+
+
+def no_adapter(e2e: pd.DataFrame) -> pd.Series:
+    """The E2E rows decoded by the base model, without an adapter (all of them when no column says)."""
+    adapter = e2e["adapter"] if "adapter" in e2e.columns else pd.Series("none", index=e2e.index)
+    return adapter.fillna("none").astype(str).str.lower().isin(NO_ADAPTER)
+
+
+def e2e_kinds(e2e: pd.DataFrame) -> pd.Series:
+    """Each row's kind: "served" (an adapter the app serves), "base" (a served row without adapter) or
+    "experiment". Served rows are those with a true `served` column (`app.results` adds it from the
+    adapters folder); a table without that column is all served."""
+    base = no_adapter(e2e)
+    served = e2e["served"].astype(bool) if "served" in e2e.columns else pd.Series(True, index=e2e.index)
+    return pd.Series(np.where(~served, "experiment", np.where(base, "base", "served")), index=e2e.index)
+
+
+def quality_speed_figure(e2e: pd.DataFrame, metric: str = "bleu", show_experiments: bool = False) -> go.Figure:
+    """E2E quality against decode speedup (measured when the table has it, else the target): the served
+    adapters' frontier and the base model's rows; with `show_experiments`, the other rows too, as grey
+    markers under one legend entry (hover names each)."""
     _require(e2e, ["speedup", metric], "the E2E table")
     x = "decode_speedup" if "decode_speedup" in e2e.columns and e2e["decode_speedup"].notna().all() else "speedup"
-    key = [c for c in ("model", "adapter") if c in e2e.columns]
+    kinds = e2e_kinds(e2e)
+    row = e2e["row"].astype(str) if "row" in e2e.columns else e2e["speedup"].map("{:g}x".format)
+    adapter = e2e["adapter"].astype(str) if "adapter" in e2e.columns else row
+    points = e2e.assign(_name=np.where(kinds == "base", row, adapter),
+                        _hover=np.where(kinds == "base", row, adapter + " (" + row + ")"))
+    label = "ROUGE-L" if metric == "rouge_l" else metric.replace("_", "-").upper()
     fig = go.Figure()
-    groups = e2e.groupby(key, sort=False, dropna=False) if key else [((), e2e)]
-    for index, (name, group) in enumerate(groups):
-        label = " + ".join(str(n) for n in (name if isinstance(name, tuple) else (name,))
-                           if n is not None and str(n) not in ("", "nan", "None")) or "model"
-        group = group.sort_values(x)
-        fig.add_trace(go.Scatter(x=group[x], y=group[metric], name=label, mode="lines+markers",
-                                 line=dict(color=SERIES[index % len(SERIES)], width=2), marker=dict(size=8),
-                                 hovertemplate=label + ": %{x:.2f}x, " + metric + " %{y:.2f}<extra></extra>"))
+    # The experiments are drawn first, under the frontier and its names; the legend keeps E2E_KINDS' order.
+    for kind in ("experiment", "served", "base") if show_experiments else ("served", "base"):
+        group = points[kinds == kind].sort_values(x)
+        if group.empty:
+            continue
+        name, style = E2E_KINDS[kind]
+        fig.add_trace(go.Scatter(x=group[x], y=group[metric], name=name, customdata=group["_hover"],
+                                 legendrank=list(E2E_KINDS).index(kind) + 1,
+                                 text=group["_name"] if "text" in style["mode"] else None, cliponaxis=False,
+                                 texttemplate="%{text}: %{y:.1f}" if "text" in style["mode"] else None,
+                                 hovertemplate="%{customdata}: %{x:.2f}x, " + label + " %{y:.1f}<extra></extra>",
+                                 **style))
+    if not fig.data:
+        return empty_figure("No served adapter in this table: tick the box to see the experiments")
     fig.update_xaxes(title="measured decode speedup" if x == "decode_speedup" else "target speedup")
-    fig.update_yaxes(title=metric.replace("_", "-").upper() if metric != "rouge_l" else "ROUGE-L")
-    return _style(fig, f"E2E quality against speedup ({metric.replace('_', '-')})")
+    fig.update_yaxes(title=label)
+    return _style(fig, f"E2E test set: {label} of the served adapters against decode speedup", height=420)
 
 
 def house_style(fig: go.Figure) -> go.Figure:

@@ -1,17 +1,30 @@
-"""The measured results in assets/results: the E2E quality table and the speed benchmark, if present."""
+"""The measured results in assets/results: the E2E quality table and the speed benchmark, if present.
+
+The files stay as the commands wrote them; the page only orders them: the columns a reader needs first,
+and in the E2E table the rows of the adapters this app serves (the adapters folder) first, marked in a
+`served` column, then the experiments the same run measured.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from . import plots
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
 SOURCES = {
     "e2e": ("e2e.csv", "skipdecode eval --compare-adapters"),
     "bench": ("bench.csv", "skipdecode bench"),
 }
+FIRST_COLUMNS = {  # what a reader looks for first, in this order; the other columns follow as written
+    "e2e": ("row", "adapter", "served", "speedup", "bleu", "ser", "names", "decode_speedup"),
+    "bench": ("method", "speedup", "batch_size", "measured_speedup", "tokens_per_s", "bound"),
+}
+log = logging.getLogger("skipdecode.app")
 
 
 @dataclass
@@ -29,8 +42,32 @@ class Table:
         return f"**No `{self.path.name}` yet** ({self.problem}). It is produced by `{self.command}`."
 
 
-def load_table(name: str, folder: Path | None = None) -> Table:
-    """One results table; a missing or broken file is reported, never replaced by made-up numbers."""
+def served_adapters() -> set[str]:
+    """The names of the adapters this app serves: those in the adapters folder (`available_adapters()`).
+    When it cannot be read (an adapter folder half written), none counts as served and the log says why."""
+    from skipdecode.adapters import available_adapters
+
+    try:
+        return {info.name for info in available_adapters()}
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        log.warning("results: cannot read the adapters folder, no adapter counts as served: %s", error)
+        return set()
+
+
+def arrange(name: str, frame: pd.DataFrame, served: set[str] | None = None) -> pd.DataFrame:
+    """The table as the page shows it: FIRST_COLUMNS first; an E2E table gets a `served` column (its
+    adapter is in `served`, default the adapters folder, or it has none) and its served rows first."""
+    if name == "e2e" and "adapter" in frame.columns:
+        names = served_adapters() if served is None else set(served)
+        frame = frame.assign(served=frame["adapter"].astype(str).isin(names) | plots.no_adapter(frame))
+        frame = frame.sort_values("served", ascending=False, kind="stable").reset_index(drop=True)
+    first = [c for c in FIRST_COLUMNS.get(name, ()) if c in frame.columns]
+    return frame[first + [c for c in frame.columns if c not in first]]
+
+
+def load_table(name: str, folder: Path | None = None, served: set[str] | None = None) -> Table:
+    """One results table, arranged for the page (`arrange`); a missing or broken file is reported, never
+    replaced by made-up numbers."""
     filename, command = SOURCES[name]
     path = Path(folder or RESULTS_DIR) / filename
     if not path.exists():
@@ -41,4 +78,15 @@ def load_table(name: str, folder: Path | None = None) -> Table:
         return Table(name, path, command, None, f"unreadable: {type(error).__name__}")
     if frame.empty:
         return Table(name, path, command, None, "the file has no rows")
-    return Table(name, path, command, frame)
+    return Table(name, path, command, arrange(name, frame, served))
+
+
+def e2e_figure(show_experiments: bool = False, folder: Path | None = None):
+    """The Results tab's E2E plot, with or without the experiment adapters' points."""
+    table = load_table("e2e", folder)
+    if table.frame is None:
+        return plots.empty_figure(table.message.replace("*", "").replace("`", ""))
+    try:
+        return plots.quality_speed_figure(table.frame, show_experiments=bool(show_experiments))
+    except (KeyError, ValueError) as error:  # a table from another version, with other columns
+        return plots.empty_figure(f"Cannot plot this table: {error}")

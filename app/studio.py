@@ -8,6 +8,8 @@ finish; other users' requests with the same settings join the same batches.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import importlib.util
 import logging
 import math
@@ -15,6 +17,7 @@ import os
 import threading
 import time
 import unicodedata
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -103,6 +106,10 @@ class Limits:
     max_batch_prompts: int = 8
     max_temperature: float = 2.0
     time_limit_s: float = 300.0
+    # Models held in memory at once, the base model included (about 1.1 GB each in float32 for the
+    # default model: the weights and their packed copy). "auto" needs two beside the base: the adapter for
+    # the speedup and the 1x one it is compared with. Others are loaded again when asked for.
+    max_models: int = 3
 
 
 @dataclass
@@ -276,7 +283,10 @@ class Studio:
         self.models = models or configured_models()
         self.limits = limits
         self.batcher = batcher or Batcher(time_limit_s=limits.time_limit_s)
-        self._engines: dict[str, Engine] = {}
+        if limits.max_models < 3:
+            raise ValueError(f"max_models must be at least 3 (the base model and the two that auto compares); "
+                             f"got {limits.max_models}")
+        self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
         self._costs: dict[str, tuple[int, int]] = {}
         self._failed: dict[str, Exception] = {}
         self._loading = threading.Lock()
@@ -311,9 +321,11 @@ class Studio:
         return next(m for m in self.models if m.label != AUTO and m.adapter is None)
 
     def engine(self, label: str | ModelChoice | None = None) -> Engine:
-        """The engine of a configured model, loaded on first use. A model that fails to load (say, a
-        broken adapter folder) is not tried again: every later request gets the same error at once,
-        instead of each one reloading the base model."""
+        """The engine of a configured model, loaded on first use. At most `limits.max_models` stay loaded:
+        the base model always, the others least recently used first out, so a visitor walking the model
+        list cannot grow the server's memory (a request still running keeps its engine until it ends).
+        A model that fails to load (say, a broken adapter folder) is not tried again: every later request
+        gets the same error at once, instead of each one reloading the base model."""
         choice = label if isinstance(label, ModelChoice) else self.choice(label)
         with self._loading:
             failed = self._failed.get(choice.label)
@@ -322,6 +334,7 @@ class Studio:
             if failed is not None:
                 raise RuntimeError(f"{choice.label} failed to load earlier") from failed
             if choice.label not in self._engines:
+                self._evict(keep=self.limits.max_models - 1)  # room first: never one model over the limit
                 try:
                     engine = Engine.load(choice.model, adapter=choice.adapter)
                 except Exception as error:
@@ -329,7 +342,26 @@ class Studio:
                     raise
                 self._engines[choice.label] = engine
                 self._costs[choice.label] = weights_per_token(engine)
+            self._engines.move_to_end(choice.label)
             return self._engines[choice.label]
+
+    def _evict(self, keep: int) -> None:
+        """Drop the least recently used engines (never the base one) until `keep` remain, and hand their
+        memory back to the system."""
+        evicted = False
+        while len(self._engines) > keep:
+            label = next(label for label in self._engines if label != self.base.label)
+            del self._engines[label]
+            evicted = True
+        if evicted:
+            gc.collect()
+            _trim_heap()
+
+    @property
+    def loaded(self) -> list[str]:
+        """Labels of the engines in memory, least recently used first."""
+        with self._loading:
+            return list(self._engines)
 
     def warm_up(self) -> None:
         """One tiny comparison through everything a click runs (decoding, both runs, scoring): the first
@@ -458,6 +490,14 @@ class Studio:
                              "tokens_per_s": round(update.trace.decode_tokens_per_s, 2),
                              "ms_per_step": round(update.trace.decode_ms / max(len(update.trace.steps), 1), 3)})
         return pd.DataFrame(rows)
+
+
+def _trim_heap() -> None:
+    """glibc keeps freed memory for reuse; a dropped model's should go back to the system now."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator decides
+        pass
 
 
 def weights_per_token(engine: Engine) -> tuple[int, int]:

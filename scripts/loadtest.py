@@ -2,7 +2,8 @@
 
     python scripts/loadtest.py load    # 32 users x 3 requests at once: every answer checked, p50/p95, batch sizes
     python scripts/loadtest.py soak    # 200 requests one after another: the server's resident memory over time
-    python scripts/loadtest.py         # both, each against a freshly started app
+    python scripts/loadtest.py models  # every model choice twice, then 50 at random: memory stays bounded
+    python scripts/loadtest.py         # all three, each against a freshly started app
 
 Each phase starts `python app.py` (as `make demo` serves it) on a free 127.0.0.1 port, talks to it only
 there, and stops it at the end. Bounded: a fixed number of requests, a time limit per request and one for
@@ -219,12 +220,83 @@ def soak(args) -> dict:
             "latency": latency(good), "machine": during}
 
 
+def check_models(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:
+    """Each answer against the engine of the model the server says it ran (the adapter for "auto"),
+    decoding the prompt alone: one model loaded at a time, so the check's own memory stays small."""
+    from app.studio import configured_models
+    from skipdecode.engine import Engine
+    from skipdecode.schedule import Schedule
+
+    choices = {m.label: m for m in configured_models()}
+    problems, answered = [], []
+    for o in outcomes:
+        if o.error is not None or o.result is None:
+            problems.append(f"request {o.index}: {o.error or 'no answer'}")
+        elif o.result["prompt"] != o.prompt:
+            problems.append(f"request {o.index}: the answer is for another prompt")
+        else:
+            answered.append(o)
+    for label in sorted({o.result[side] for o in answered for side in ("model", "full_model")}):
+        engine = Engine.load(choices[label].model, adapter=choices[label].adapter)
+        for o in answered:
+            r = o.result
+            for side, key, schedule in (("model", "skipdecode", Schedule(**r["schedule"])), ("full_model", "full", None)):
+                if r[side] == label and engine.generate([o.prompt], schedule, max_new_tokens).token_ids[0] != r[key]["token_ids"]:
+                    problems.append(f"request {o.index}: {key} tokens of {label} differ from its engine's own")
+        del engine
+    return problems
+
+
+def models(args) -> dict:
+    """Every model choice twice, one after another, then `random` more requests with random choices:
+    the server's resident memory after each. Its budget: `budget` x the memory after the first request
+    (the page's default, "auto" at 3x, which loads the base model and two adapters)."""
+    import random
+
+    texts = prompts(40)
+    server = start("loadtest-models-server")
+    outcomes, samples = [], []
+    try:
+        from gradio_client import Client
+
+        client = Client(server.url, verbose=False)
+        from app.studio import configured_models
+
+        choices = [m.label for m in configured_models()]
+        pick = random.Random(0)
+        plan = [(label, 3.0) for _ in range(2) for label in choices]
+        plan += [(pick.choice(choices), pick.choice([1.0, 2.0, 3.0, 5.0])) for _ in range(args.random)]
+        for i, (label, speedup) in enumerate(plan):
+            settings = dict(speedup=speedup, max_new_tokens=args.model_tokens, model=label)
+            outcomes.append(ask(client, Outcome(0, i, texts[i % len(texts)], settings), args))
+            samples.append({"after": i + 1, "model": label, "rss_mb": round(rss_mb(server.process.pid), 1)})
+            print(f"  models: request {i + 1}/{len(plan)} ({label}, {speedup:g}x): server RSS "
+                  f"{samples[-1]['rss_mb']:.0f} MB", flush=True)
+        during = machine(server.process.pid)
+    finally:
+        server.stop()
+    problems = check_models(outcomes, args.model_tokens)
+    first, peak = samples[0]["rss_mb"], max(s["rss_mb"] for s in samples)
+    return {"phase": "models", "choices": choices, "requests": len(outcomes), "problems": problems,
+            "rss_after_first_mb": first, "rss_peak_mb": peak, "rss_last_mb": samples[-1]["rss_mb"],
+            "peak_over_first": round(peak / first, 3), "budget": args.budget, "rss_samples": samples,
+            "machine": during}
+
+
 def report(result: dict) -> None:
     m = result.get("machine_after") or result.get("machine")
     load_note = (f"machine: {m['cores']} cores, load average {m['loadavg_1_5_15']}; also busy: "
                  + ("; ".join(f"{b['command'][:60]} ({b['cpu_percent']:.0f}% CPU, nice {b['nice']})"
                               for b in m["busy"]) or "nothing"))
-    if result["phase"] == "load":
+    if result["phase"] == "models":
+        print(f"MODELS: {len(result['choices'])} model choices walked twice, then {result['requests'] - 2 * len(result['choices'])} "
+              f"at random: {result['requests']} requests, {len(result['problems'])} problems")
+        print(f"  server RSS after the first request {result['rss_after_first_mb']:.0f} MB, peak "
+              f"{result['rss_peak_mb']:.0f} MB ({result['peak_over_first']:.2f}x; budget {result['budget']:g}x), "
+              f"last {result['rss_last_mb']:.0f} MB")
+        for problem in result["problems"]:
+            print("  PROBLEM:", problem)
+    elif result["phase"] == "load":
         lat, sb, fb = result["latency"], result["skipdecode_batches"], result["full_batches"]
         print(f"LOAD: {result['users']} users x {result['requests_per_user']} requests = {result['sent']} sent, "
               f"{result['answered']} answered, {result['errors']} errors, {result['correct']} checked correct")
@@ -249,10 +321,14 @@ def report(result: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", nargs="?", choices=["load", "soak", "all"], default="all")
+    parser.add_argument("phase", nargs="?", choices=["load", "soak", "models", "all"], default="all")
     parser.add_argument("--users", type=int, default=32)
     parser.add_argument("--requests", type=int, default=3, help="requests per user, one after another")
     parser.add_argument("--soak", type=int, default=200, help="sequential requests of the soak")
+    parser.add_argument("--random", type=int, default=50, help="random model choices after the walk")
+    parser.add_argument("--model-tokens", type=int, default=4, help="new tokens per request of the models phase")
+    parser.add_argument("--budget", type=float, default=1.5,
+                        help="models phase: peak memory at most this x the memory after the first request")
     parser.add_argument("--speedup", type=float, default=3.0)
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds a user waits for an answer")
@@ -263,7 +339,7 @@ def main(argv=None) -> int:
         parser.error("bounded on purpose: users 1..64, requests 1..10, soak 20..1000")
     args.deadline = time.monotonic() + args.time_limit
     results = []
-    for phase in (("load", load), ("soak", soak)):
+    for phase in (("load", load), ("soak", soak), ("models", models)):
         if args.phase in (phase[0], "all"):
             print(f"{phase[0]}: starting a fresh app…", flush=True)
             results.append(phase[1](args))
@@ -273,7 +349,8 @@ def main(argv=None) -> int:
                                         "results": results}, indent=1))
     ok = all(not r.get("problems") and not r.get("failures") and r.get("errors", 0) == 0 for r in results)
     soak_ok = all(abs(r["rss_change_percent"]) < 10 for r in results if r["phase"] == "soak")
-    return 0 if ok and soak_ok else 1
+    models_ok = all(r["peak_over_first"] <= r["budget"] for r in results if r["phase"] == "models")
+    return 0 if ok and soak_ok and models_ok else 1
 
 
 if __name__ == "__main__":

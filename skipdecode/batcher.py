@@ -242,6 +242,7 @@ class Batcher:
                     return
                 time.sleep(self.window_s)
                 active = self._batches([first] + self._drain())
+                del first  # idle, this worker must not keep the last request's engine (and its memory) alive
             elif len(active) < self.max_active:
                 active += self._batches(self._drain())
             active = [batch for batch in active if batch.advance(self._lock)]

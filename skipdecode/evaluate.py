@@ -11,14 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .data import SPLIT_SEED, VALIDATION_SHARE, Item, eval_items, parse_mr, renamed_items
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"  # what the app and README show
+VALIDATION_DIR = RESULTS_DIR.parent.parent / "docs" / "results"  # validation rounds: the research log's
 METRICS = ("bleu", "rouge_l", "chrf", "ser", "names", "length")
+TEMP_PREFIX = "skipdecode-eval-"  # the temporary folders of runs that must not write to RESULTS_DIR
 
 # How a slot value may be realized in text, beyond the value itself (lower case).
 REALIZATIONS = {
@@ -275,24 +279,75 @@ def register(subparsers) -> None:
                         "adapters it was trained from, must have held out at least this share)")
     p.add_argument("--made-up-names", action="store_true",
                    help="replace every restaurant name and landmark (outputs and references) with a made-up one")
-    p.add_argument("--speedups", default="1,2,3,4,5")
+    p.add_argument("--prompts", default=None, metavar="FILE|validation",
+                   help="score general chat prompts instead of E2E: JSON lines with a prompt field, or plain text "
+                        "one a line; 'validation' is the project's held-out slice of ../shared/data/prompts (its "
+                        "results go to assets/results/general*; other files to --out DIR or a temporary folder). "
+                        "Reference: the full-depth base model's greedy answer (see skipdecode/general.py)")
+    p.add_argument("--speedups", default=None, help="comma list (default 1,2,3,4,5; with --prompts 1,2,3,5)")
     p.add_argument("--limit", type=int, default=None, help="first N distinct MRs only")
     p.add_argument("--adapter", default=None, help="adapter name or path for every fine-tuned row")
     p.add_argument("--compare-adapters", action="store_true", help="also every other adapter trained for a speedup")
     p.add_argument("--untrained-skip", action="store_true", help="also the untrained model at each speedup")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (with --prompts 96)")
     p.add_argument("--horizon", type=int, default=None, help="default: the adapter's training horizon")
     p.add_argument("--model", default=None)
-    p.add_argument("--out", default=None, help="results prefix (default assets/results/e2e[-limitN])")
+    p.add_argument("--out", default=None,
+                   help="results prefix (default: assets/results/e2e, or docs/results/e2e-validation with "
+                        "--split validation, for full runs on the project's own data only; any other run (--data, --limit, another "
+                        "--validation-share) goes to a fresh temporary folder, named in the output)")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON array")
     p.set_defaults(func=_cmd_eval)
 
 
+def run_name(split: str = "test", made_up_names: bool = False, limit: int | None = None, data=None) -> str:
+    """A results prefix's file name: e2e[-validation][-made-up-names][-<data file>][-limitN]."""
+    name = "e2e" + ("" if split == "test" else f"-{split}") + ("-made-up-names" if made_up_names else "")
+    name += "" if data is None else f"-{Path(data).stem}"
+    return name + ("" if limit is None else f"-limit{limit}")
+
+
+def default_prefix(split: str = "test", data=None, limit: int | None = None, made_up_names: bool = False,
+                   validation_share: float = VALIDATION_SHARE) -> Path | None:
+    """Where an eval without --out writes, for the project's own full runs only: assets/results/<run_name>
+    for the E2E test set (the app shows it, the README quotes it), docs/results/<run_name> for the devset
+    MRs held out at the default share (the validation rounds, with the research log); None for any other run (another --data, a --limit,
+    another --validation-share), which must not overwrite them: it goes to a fresh temporary folder."""
+    own = data is None and limit is None and (split == "test" or validation_share == VALIDATION_SHARE)
+    if not own:
+        return None
+    return (RESULTS_DIR if split == "test" else VALIDATION_DIR) / run_name(split, made_up_names)
+
+
+def output_prefix(args) -> Path:
+    """--out when given, else the default prefix, else <a fresh temporary folder>/<run_name>."""
+    if args.out:
+        return Path(args.out)
+    prefix = default_prefix(args.split, args.data, args.limit, args.made_up_names, args.validation_share)
+    if prefix is not None:
+        return prefix
+    name = run_name(args.split, args.made_up_names, args.limit, args.data)
+    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{name}-")) / name
+
+
 def _cmd_eval(args) -> int:
-    name = "e2e" + ("" if args.split == "test" else f"-{args.split}") + ("-made-up-names" if args.made_up_names else "")
-    name += "" if args.limit is None else f"-limit{args.limit}"
-    prefix = Path(args.out) if args.out else RESULTS_DIR / name
+    if args.prompts is not None:  # general chat prompts against full-depth answers: general.py
+        from .general import cmd_eval
+
+        return cmd_eval(args)
+    args.speedups, args.max_new_tokens = args.speedups or "1,2,3,4,5", args.max_new_tokens or 64
+    prefix = output_prefix(args)
+    try:
+        return _eval_to(prefix, args)
+    finally:  # a run that failed leaves no empty temporary folder behind
+        folder = prefix.parent
+        if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(TEMP_PREFIX) \
+                and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def _eval_to(prefix: Path, args) -> int:
     started = time.time()
     rows = evaluate(args.data, [float(s) for s in args.speedups.split(",")], limit=args.limit,
                     adapter=args.adapter, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
@@ -303,12 +358,14 @@ def _cmd_eval(args) -> int:
     write(rows, prefix)
     human = human_scores(load_items(args.data, args.split, args.made_up_names, args.limit, args.validation_share))
     prefix.with_name(prefix.name + "-human.json").write_text(json.dumps({k: round(v, 3) for k, v in human.items()}))
-    if args.json:
+    written = f"results written to {prefix}.csv, .json, -outputs.jsonl and -human.json"
+    if args.json:  # stdout stays one JSON array
         print(json.dumps([asdict(r) for r in rows]))
+        print(written, file=sys.stderr)
     else:
         print(markdown(rows))
         if human:
             print(f"\nhuman reference (the first of each MR against the others, {human['mrs']} MRs): BLEU "
                   f"{human['bleu']:.1f}, ROUGE-L {human['rouge_l']:.1f}, chrF {human['chrf']:.1f}, SER {human['ser']:.1f}%")
-        print(f"\n{rows[0].mrs} MRs, {time.time() - started:.0f} s; written to {prefix}.csv, .json and -human.json")
+        print(f"\n{rows[0].mrs} MRs, {time.time() - started:.0f} s; {written}")
     return 0

@@ -248,8 +248,23 @@ def _wb(module):
 
 
 def _cat(*linears):
+    """The linears' weights stacked into one matrix (biases likewise). The Hugging Face modules then read
+    their rows of it as views, so the model and the decoder share one copy instead of holding two."""
     weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+    _share_rows(weight, linears, "weight")
     if all(lin.bias is None for lin in linears):
         return weight, None
-    return weight, torch.cat([lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.weight.shape[0])
-                              for lin in linears])
+    bias = torch.cat([lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.weight.shape[0])
+                      for lin in linears])
+    _share_rows(bias, linears, "bias")
+    return weight, bias
+
+
+def _share_rows(stacked: torch.Tensor, linears, name: str) -> None:
+    """Point each linear's `name` parameter at its rows of `stacked` (a missing bias keeps its zero rows)."""
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        if getattr(lin, name) is not None:
+            getattr(lin, name).data = stacked[start:start + rows]
+        start += rows

@@ -1,7 +1,10 @@
 """The page in a real browser: Debian's headless chromium driven by playwright against `python app.py`.
 
-Screenshots go to test-artifacts/ (look at them: they are what a visitor sees)."""
+Screenshots go to test-artifacts/, or to $SKIPDECODE_SCREENSHOTS (`make screenshots` makes docs/images
+this way); look at them: they are what a visitor sees."""
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -12,23 +15,39 @@ pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = ROOT / (os.environ.get("SKIPDECODE_SCREENSHOTS") or "test-artifacts")
 PROMPT = ("Write one sentence describing this restaurant, using every fact: name[The Cricketers], "
           "eatType[coffee shop], customer rating[high], familyFriendly[yes], near[Express by Holiday Inn]")
 
 
 @pytest.fixture(scope="module")
 def page():
+    """The page of a server with the adapters folder the app ships: what a visitor sees (and what the
+    screenshots show), the fine-tuned adapters and the Results tab's served set included."""
     if not CHROMIUM.exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
     from playwright.sync_api import sync_playwright
 
+    url = app_url(name="app-shipped", env={"SKIPDECODE_ADAPTERS": str(ROOT / "assets" / "adapters")})
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 900})
-        page.goto(app_url())
+        page.goto(url)
         page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
         yield page
         browser.close()
+
+
+def screenshot(target, name: str) -> None:
+    """`target` (a page: the whole of it; a locator: that element) as SHOTS/name, once plotly is done."""
+    page = getattr(target, "page", target)
+    page.mouse.move(0, 0)  # no hover label, no plotly toolbar
+    page.wait_for_timeout(800)  # let plotly finish its transitions
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    if target is page:
+        page.screenshot(path=str(SHOTS / name), full_page=True)
+    else:
+        target.screenshot(path=str(SHOTS / name))
 
 
 def test_run_streams_both_outputs_and_draws_every_plot(page):
@@ -51,12 +70,12 @@ def test_run_streams_both_outputs_and_draws_every_plot(page):
         text = page.locator(plot).inner_text()
         assert all(w in text for w in words), (plot, text)
     status = page.locator("#sd-status").inner_text()
-    assert "batch #" in status and "interleaved" in status and "over 24 positions" in status
+    assert "batch #" in status and "interleaved" in status and re.search(r"over \d+ positions", status)
+    assert "SkipDecode: e2e-3x" in status and "full decoding: e2e-1x" in status  # auto: the adapters made for them
     quality = page.locator("#sd-quality").inner_text()
     assert "E2E references" in quality and "perplexity" in quality
-    page.wait_for_timeout(800)  # let plotly finish its transitions
-    (ROOT / "test-artifacts").mkdir(exist_ok=True)
-    page.screenshot(path=str(ROOT / "test-artifacts" / "compare.png"), full_page=True)
+    screenshot(page, "compare.png")
+    screenshot(page.locator("#sd-layer-plot"), "layer-map.png")
 
 
 def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
@@ -65,8 +84,7 @@ def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.wait_for_selector("#sd-kv-plot .js-plotly-plot .legend", timeout=120_000)
     text = page.locator("#sd-kv-plot").inner_text()
     assert "SkipDecode: 0 holes" in text and "per-token early exit:" in text
-    page.wait_for_timeout(800)
-    page.screenshot(path=str(ROOT / "test-artifacts" / "kv-cache.png"), full_page=True)
+    screenshot(page, "kv-cache.png")
     page.get_by_role("tab", name="Compare").click()
 
 
@@ -74,3 +92,42 @@ def test_an_empty_prompt_gets_a_message_not_a_crash(page):
     page.fill("#sd-prompt textarea", "   ")
     page.click("#sd-run")
     page.get_by_text("enter a prompt first").first.wait_for(timeout=30_000)
+    page.locator(".toast-close").first.click()  # the later screenshots show no leftover message
+    page.get_by_text("enter a prompt first").first.wait_for(state="hidden", timeout=10_000)
+
+
+def legend_above(plot) -> bool:
+    """Whether the plot's legend sits above its plotting area, covering none of it."""
+    legend, area = plot.locator(".legend").bounding_box(), plot.locator(".nsewdrag").first.bounding_box()
+    return legend["y"] + legend["height"] <= area["y"] + 1
+
+
+def test_results_tab_draws_the_served_frontier_and_the_box_adds_the_experiments(page):
+    from app.results import load_table
+
+    e2e = load_table("e2e", served={p.name for p in (ROOT / "assets" / "adapters").iterdir()}).frame
+    experiments = set(e2e.loc[~e2e["served"], "adapter"])
+    plot = page.locator("#sd-results-plot")
+    page.get_by_role("tab", name="Results").click()
+    plot.locator(".js-plotly-plot .legend").wait_for(timeout=30_000)
+    entries, points = plot.locator(".legend .traces"), plot.locator(".scatterlayer .point")
+    assert entries.count() <= 4 and any("served adapters" in t for t in entries.all_text_contents())
+    assert legend_above(plot)
+    text = plot.inner_text()
+    assert all(name in text for name in e2e.loc[e2e["served"], "adapter"] if name != "none"), text
+    assert points.count() == e2e["served"].sum() and experiments and not any(name in text for name in experiments)
+    screenshot(page, "results.png")
+
+    page.locator("#sd-show-experiments input").check()
+    plot.get_by_text("experiment adapters").first.wait_for(timeout=30_000)
+    page.wait_for_function("n => document.querySelectorAll('#sd-results-plot .scatterlayer .point').length === n",
+                           arg=len(e2e), timeout=30_000)
+    assert entries.count() <= 4 and legend_above(plot)  # one entry for all the experiments
+    box = points.first.bounding_box()  # the experiments are drawn first; hover names each
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    hover = plot.locator(".hoverlayer .hovertext")
+    hover.first.wait_for(timeout=10_000)
+    assert any(name in hover.first.text_content() for name in experiments), hover.first.text_content()
+    page.locator("#sd-show-experiments input").uncheck()
+    page.wait_for_function("n => document.querySelectorAll('#sd-results-plot .scatterlayer .point').length === n",
+                           arg=int(e2e["served"].sum()), timeout=30_000)

@@ -236,6 +236,76 @@ def test_eval_command_json_rows(tmp_path):
     assert all((folder / name).exists() for name in ("e2e.csv", "e2e.json", "e2e-outputs.jsonl", "e2e-human.json"))
 
 
+def test_only_the_projects_own_full_runs_write_to_assets_results():
+    from skipdecode.evaluate import RESULTS_DIR, VALIDATION_DIR, default_prefix
+
+    assert default_prefix() == RESULTS_DIR / "e2e"  # the official test split, every MR
+    assert default_prefix(made_up_names=True) == RESULTS_DIR / "e2e-made-up-names"
+    assert default_prefix(validation_share=0.2) == RESULTS_DIR / "e2e"  # the share is a devset matter
+    assert default_prefix("validation") == VALIDATION_DIR / "e2e-validation"  # the research log's rounds
+    assert default_prefix("validation", made_up_names=True) == VALIDATION_DIR / "e2e-validation-made-up-names"
+    assert default_prefix(data="other.csv") is None  # another file: never over the shipped e2e.csv
+    assert default_prefix(limit=3) is None and default_prefix("validation", limit=3) is None
+    assert default_prefix("validation", validation_share=0.2) is None  # other MRs than e2e-validation's
+
+
+def _eval_args(*argv):
+    import argparse
+
+    from skipdecode import evaluate
+
+    parser = argparse.ArgumentParser()
+    evaluate.register(parser.add_subparsers())
+    return parser.parse_args(["eval", *argv])
+
+
+@pytest.fixture
+def fake_eval(tmp_path, monkeypatch):
+    """`skipdecode eval` with a stand-in for the model run (one row), an empty assets/results and the
+    temporary folders made under tmp_path/tmp; the data is a two-MR CSV."""
+    from skipdecode import evaluate
+
+    def rows(data, speedups, **options):
+        items = evaluate.load_items(data, options["split"], options["made_up_names"], options["limit"])
+        options["outputs_path"].parent.mkdir(parents=True, exist_ok=True)
+        options["outputs_path"].write_text("")
+        return [evaluate.Row("fine-tuned 1x", "m", "e2e-1x", 1.0, **evaluate.score(items, [i.refs[0] for i in items]),
+                             avg_layers=30.0, ms_per_token=5.0, decode_speedup=1.0, mrs=len(items), tokens=9)]
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(evaluate, "evaluate", rows)
+    monkeypatch.setattr(evaluate, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(evaluate.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "other.csv").write_text("mr,ref\n" + "".join(f'"{item.mr}","{ref}"\n' for item in (EAGLE, MILL)
+                                                              for ref in item.refs))
+    return tmp_path
+
+
+def test_an_eval_on_other_data_writes_to_a_fresh_temporary_folder_and_says_where(fake_eval, capsys):
+    from skipdecode.evaluate import _cmd_eval
+
+    assert _cmd_eval(_eval_args("--data", str(fake_eval / "other.csv"), "--speedups", "1")) == 0
+    (folder,) = (fake_eval / "tmp").iterdir()
+    assert folder.name.startswith("skipdecode-eval-e2e-other-")
+    assert f"results written to {folder / 'e2e-other'}.csv" in capsys.readouterr().out
+    assert {p.name for p in folder.iterdir()} == {"e2e-other.csv", "e2e-other.json", "e2e-other-outputs.jsonl",
+                                                  "e2e-other-human.json"}
+    assert not (fake_eval / "results").exists()  # the shipped results are untouched
+    # --limit: a temporary folder too, named on stderr when stdout is the JSON rows
+    assert _cmd_eval(_eval_args("--data", str(fake_eval / "other.csv"), "--limit", "1", "--json")) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)[0]["mrs"] == 1 and "results written to " in err and "-limit1.csv" in err
+    assert len(list((fake_eval / "tmp").iterdir())) == 2 and not (fake_eval / "results").exists()
+    # --out: exactly there
+    assert _cmd_eval(_eval_args("--data", str(fake_eval / "other.csv"), "--out", str(fake_eval / "mine" / "run"))) == 0
+    assert (fake_eval / "mine" / "run.csv").exists() and f"results written to {fake_eval / 'mine' / 'run'}.csv" \
+        in capsys.readouterr().out
+    assert len(list((fake_eval / "tmp").iterdir())) == 2 and not (fake_eval / "results").exists()
+    with pytest.raises(FileNotFoundError):  # a run that fails leaves no empty folder behind
+        _cmd_eval(_eval_args("--data", str(fake_eval / "missing.csv")))
+    assert len(list((fake_eval / "tmp").iterdir())) == 2
+
+
 def test_eval_on_held_out_mrs_with_made_up_names(tmp_path):
     done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--made-up-names",
                            "--limit", "2", "--speedups", "1", "--max-new-tokens", "24", "--out",

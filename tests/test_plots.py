@@ -113,17 +113,67 @@ def test_batch_budget_figure_leaves_finished_rows_blank():
     assert z[1, 0] == 4 and math.isnan(z[1, 1]) and math.isnan(z[1, 2])
 
 
-def test_throughput_and_results_figures():
+def test_throughput_figure():
     points = pd.DataFrame({"batch_size": [1, 2, 1, 2], "method": ["SkipDecode"] * 2 + ["full decoding"] * 2,
                            "tokens_per_s": [50.0, 95.0, 20.0, 39.0]})
     fig = plots.throughput_figure(points)
     assert {t.name: list(t.y) for t in fig.data} == {"SkipDecode": [50.0, 95.0], "full decoding": [20.0, 39.0]}
-    e2e = pd.DataFrame({"row": ["1x", "3x", "1x", "3x"], "model": ["m"] * 4, "adapter": ["none", "none", "a", "a"],
-                        "speedup": [1, 3, 1, 3], "bleu": [30.0, 10.0, 60.0, 58.0],
-                        "decode_speedup": [1.0, 2.4, 1.0, 2.5]})
+
+
+# An E2E table as `skipdecode eval --compare-adapters` writes it: base model, served adapters, experiments.
+E2E_CSV = """row,model,adapter,speedup,bleu,ser,names,decode_speedup,mrs
+untrained 1x,m,none,1.0,12.0,56.0,98.0,0.9,630
+fine-tuned 1x,m,e2e-1x,1.0,57.0,22.0,100.0,1.0,630
+fine-tuned 1x,m,e2e-all,1.0,55.9,23.4,100.0,0.96,630
+SkipDecode 3x,m,e2e-3x-skd,3.0,57.3,27.0,99.2,2.37,630
+SkipDecode 3x,m,e2e-3x,3.0,54.1,28.3,99.0,2.12,630
+SkipDecode 5x,m,e2e-5x-refs,5.0,48.0,42.9,69.8,3.23,630
+SkipDecode 5x,m,e2e-5x,5.0,52.2,31.5,87.8,3.12,630
+SkipDecode 2x,m,e2e-2x,2.0,56.4,24.4,100.0,1.65,630
+"""
+SERVED = {"e2e-1x", "e2e-2x", "e2e-3x", "e2e-5x"}
+
+
+@pytest.fixture
+def e2e(tmp_path):
+    (tmp_path / "e2e.csv").write_text(E2E_CSV)
+    return load_table("e2e", tmp_path, served=SERVED).frame
+
+
+def test_results_table_puts_served_rows_and_the_readers_columns_first(e2e):
+    assert list(e2e.columns) == ["row", "adapter", "served", "speedup", "bleu", "ser", "names", "decode_speedup",
+                                 "model", "mrs"]
+    assert list(e2e["adapter"]) == ["none", "e2e-1x", "e2e-3x", "e2e-5x", "e2e-2x",  # served, in the file's order
+                                    "e2e-all", "e2e-3x-skd", "e2e-5x-refs"]
+    assert list(e2e["served"]) == [True] * 5 + [False] * 3
+    assert e2e.loc[e2e["adapter"] == "e2e-3x-skd", "bleu"].item() == 57.3  # the values as written
+
+
+def test_results_plot_is_the_served_frontier_and_the_box_adds_the_experiments(e2e):
     fig = plots.quality_speed_figure(e2e)
-    assert [t.name for t in fig.data] == ["m + none", "m + a"]
-    assert list(fig.data[1].x) == [1.0, 2.5] and fig.layout.xaxis.title.text == "measured decode speedup"
+    assert [t.name for t in fig.data] == ["served adapters", "base model, no adapter"]
+    frontier = fig.data[0]
+    assert list(frontier.text) == ["e2e-1x", "e2e-2x", "e2e-3x", "e2e-5x"]  # a line in speedup order
+    assert list(frontier.x) == [1.0, 1.65, 2.12, 3.12] and list(frontier.y) == [57.0, 56.4, 54.1, 52.2]
+    assert "lines" in frontier.mode and list(fig.data[1].y) == [12.0]
+    assert fig.layout.xaxis.title.text == "measured decode speedup" and fig.layout.yaxis.title.text == "BLEU"
+    shown = plots.quality_speed_figure(e2e, show_experiments=True)
+    legend = sorted((t.legendrank, t.name) for t in shown.data if t.showlegend is not False)
+    assert [name for _, name in legend] == ["served adapters", "base model, no adapter",
+                                            "experiment adapters (hover for names)"]  # one entry for them all
+    grey = shown.data[0]  # drawn first: under the frontier and its names
+    assert grey.mode == "markers" and grey.marker.color == plots.EXPERIMENT and len(grey.x) == 3
+    assert list(grey.customdata) == ["e2e-all (fine-tuned 1x)", "e2e-3x-skd (SkipDecode 3x)",
+                                     "e2e-5x-refs (SkipDecode 5x)"]  # hover names them
+    assert "%{customdata}" in grey.hovertemplate and grey.text is None  # no labels crowding the plot
+
+
+def test_results_plot_of_a_table_without_served_rows_says_so(e2e):
+    none_served = e2e.assign(served=False)
+    assert "tick the box" in plots.quality_speed_figure(none_served).layout.annotations[0].text
+    assert [len(t.x) for t in plots.quality_speed_figure(none_served, show_experiments=True).data] == [8]
+    bare = e2e.drop(columns=["served"])  # a table nobody arranged: all served
+    assert len(plots.quality_speed_figure(bare).data[0].x) == 7
 
 
 def test_results_tables_say_when_they_are_missing(tmp_path):
@@ -147,3 +197,22 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     assert "3 rows" in bench_note and bench_table.visible and bench_plot.visible
     names = {trace.get("name") for trace in json.loads(bench_plot.value["plot"])["data"]}
     assert {"SkipDecode, batch 1", "early-exit peer, batch 1"} <= names
+
+
+def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served_set(tmp_path, monkeypatch):
+    import app.results
+
+    (tmp_path / "e2e.csv").write_text(E2E_CSV)
+    monkeypatch.setattr(app.results, "served_adapters", lambda: SERVED)
+    off, on = app.results.e2e_figure(False, tmp_path), app.results.e2e_figure(True, tmp_path)
+    assert [len(t.x) for t in off.data] == [4, 1] and [len(t.x) for t in on.data] == [3, 4, 1]
+    missing = app.results.e2e_figure(True, tmp_path / "elsewhere")
+    assert "No e2e.csv yet" in missing.layout.annotations[0].text
+    adapters = tmp_path / "adapters"
+    (adapters / "e2e-2x").mkdir(parents=True)
+    (adapters / "e2e-2x" / "adapter_config.json").write_text("{}")
+    (adapters / "e2e-2x" / "skipdecode.json").write_text('{"speedups": [2], "base_model": "m"}')
+    monkeypatch.undo()
+    monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(adapters))
+    assert app.results.served_adapters() == {"e2e-2x"}
+    assert list(app.results.e2e_figure(False, tmp_path).data[0].text) == ["e2e-2x"]
