@@ -22,6 +22,7 @@ WINDOW_ENV = "SKIPDECODE_BATCH_WINDOW_S"  # how long an idle server waits for re
 QUEUE_ENV = "SKIPDECODE_QUEUE_SIZE"
 CONCURRENCY_ENV = "SKIPDECODE_CONCURRENCY"  # decoding requests in flight at once (they share batches)
 TIME_LIMIT_ENV = "SKIPDECODE_TIME_LIMIT_S"  # wall time one request may take
+MAX_MODELS_ENV = "SKIPDECODE_MAX_MODELS"  # models held in memory at once (the base one included)
 
 
 def server_name() -> str:
@@ -53,9 +54,14 @@ def main(argv=None) -> None:
     parser.add_argument("--time-limit", type=positive(float),
                         default=os.environ.get(TIME_LIMIT_ENV, Limits.time_limit_s),
                         help=f"seconds one request may run (${TIME_LIMIT_ENV}, default {Limits.time_limit_s:g})")
+    parser.add_argument("--max-models", type=positive(int), default=os.environ.get(MAX_MODELS_ENV, Limits.max_models),
+                        help=f"models kept in memory, the base one included, at least 3 (${MAX_MODELS_ENV}, "
+                             f"default {Limits.max_models}); others are loaded again when asked for")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    limits = Limits(time_limit_s=gpu.time_limit(args.time_limit))
+    if args.max_models < 3:
+        parser.error(f"--max-models: at least 3 (the base model and the two that auto compares); got {args.max_models}")
+    limits = Limits(time_limit_s=gpu.time_limit(args.time_limit), max_models=args.max_models)
     window = float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S))
     batcher = (gpu.ProcessBatcher if gpu.zero_gpu() else Batcher)(window_s=window, time_limit_s=limits.time_limit_s)
     studio = Studio(limits=limits, batcher=batcher)
