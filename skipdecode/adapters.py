@@ -40,6 +40,12 @@ class AdapterInfo:
         """Its schedules' max budget / average budget; adapters trained before --spread had the default."""
         return self.config.get("spread", SPREAD)
 
+    @property
+    def task(self) -> str:
+        """What it was trained on: "e2e" (meaning representations) or "general" (chat prompts); adapters
+        made before `skipdecode train --task` are E2E."""
+        return self.meta.get("task") or self.config.get("task") or "e2e"
+
 
 def adapters_dir() -> Path:
     return Path(os.environ.get(ADAPTERS_ENV) or Path(__file__).resolve().parent.parent / "assets" / "adapters")
@@ -93,22 +99,50 @@ def same_base(a: str, b: str) -> bool:
     return alias.get(a, a) == alias.get(b, b)
 
 
-def adapter_for(speedup: float, base_model: str | None = None) -> AdapterInfo | None:
-    """The adapter to decode `speedup` with: one trained for exactly that speedup, else a one-for-all
-    adapter that covers it, else the one trained nearest to it; None when there is none for the model."""
-    from .models import DEFAULT_MODEL
+def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: str | None = None,
+                 task: str | None = None) -> tuple[AdapterInfo | None, str]:
+    """The adapter to decode `prompt` at `speedup` with (None: the base model), and why, in words the CLI
+    and the app show ("e2e-3x: an E2E meaning representation at 3x").
 
+    The router decides the task. An E2E prompt (and no prompt at all, the E2E evaluation's case) gets an
+    E2E adapter: one trained for exactly that speedup, else a one-for-all adapter that covers it, else the
+    one trained nearest to it. A general prompt gets the base model itself at 1x (the full-depth reference
+    is the model people know, not one tuned on restaurants), else a general adapter trained for that
+    speedup or a one-for-all one whose range holds it, else the base model: never an E2E adapter.
+    `speedup` None means hand-set budgets: a one-for-all adapter of the task. `task` ("e2e" or "general")
+    stands for the router's verdict where the kind is known without a prompt (`eval --prompts`)."""
+    from .models import DEFAULT_MODEL
+    from .router import E2E, route
+
+    kind = task or (E2E if prompt is None else route(prompt).kind)
+    what = ("an E2E meaning representation" if prompt is not None or task else "the E2E task") if kind == E2E \
+        else "a general prompt"
+    at = "hand-set budgets" if speedup is None else f"{speedup:g}x"
+    if kind != E2E and speedup == 1:
+        return None, f"base model: {what} at 1x (the full-depth reference)"
     base = base_model or DEFAULT_MODEL
-    candidates = [a for a in available_adapters() if same_base(a.base_model, base)]
+    candidates = [a for a in available_adapters() if same_base(a.base_model, base) and a.task == kind]
+    if speedup is None:
+        candidates = [a for a in candidates if a.one_for_all]
+    elif kind != E2E:
+        candidates = [a for a in candidates if min(a.speedups) <= speedup <= max(a.speedups)]
     if not candidates:
-        return None
+        return None, f"base model: no {'E2E' if kind == E2E else 'general'} adapter for {at} yet"
 
     def rank(info: AdapterInfo):
+        if speedup is None:
+            return (0, 0, 0, info.name)
         exact = speedup in info.speedups
         return (not (exact and not info.one_for_all), not exact, min(abs(s - speedup) for s in info.speedups),
                 info.name)
 
-    return min(candidates, key=rank)
+    picked = min(candidates, key=rank)
+    return picked, f"{picked.name}: {what} at {at}"
+
+
+def adapter_for(speedup: float, base_model: str | None = None, prompt: str | None = None) -> AdapterInfo | None:
+    """The adapter `pick_adapter` picks (None: the base model), without the reason."""
+    return pick_adapter(speedup, base_model, prompt)[0]
 
 
 def trained_schedule(info: AdapterInfo | None, speedup: float, num_layers: int, horizon: int | None = None,

@@ -46,18 +46,26 @@ def schedule_from_args(args, num_layers: int, horizon: int, trained=None) -> Sch
 
 
 def default_adapter(args):
-    """--adapter as given; else, on the default model, the adapter trained for this speedup (a one-for-all
-    adapter for hand-set budgets); else none."""
-    from .adapters import adapter_for, available_adapters
+    """(adapter, why): --adapter as given; else, on the default model, the adapter `pick_adapter` picks for
+    the prompt at this speedup (for hand-set budgets: a one-for-all adapter of the prompt's task); else none.
+    A batch whose prompts would get different adapters runs with the first prompt's, and says so."""
+    from .adapters import NONE, pick_adapter
     from .models import DEFAULT_MODEL
 
     if args.adapter is not None:
-        return args.adapter
+        return args.adapter, ("base model: --adapter none" if str(args.adapter).lower() in NONE
+                              else f"{args.adapter}: asked for with --adapter")
     if args.model not in (None, DEFAULT_MODEL):
-        return None
-    if args.max_budget is not None or args.min_budget is not None:
-        return next((a for a in available_adapters() if a.one_for_all), None)
-    return adapter_for(args.speedup or 1.0)
+        return None, f"base model: the adapters are trained for {DEFAULT_MODEL}, not {args.model}"
+    budgets = args.max_budget is not None or args.min_budget is not None
+    speedup = None if budgets else args.speedup or 1.0
+    picks = [pick_adapter(speedup, prompt=prompt) for prompt in args.prompt]
+    adapter, reason = picks[0]
+    others = sum(info != adapter for info, _ in picks[1:])
+    if others:
+        reason += (f" (picked for the first prompt; {others} other prompt{'s' * (others > 1)} would get another:"
+                   f" run {'them' if others > 1 else 'it'} separately or pass --adapter)")
+    return adapter, reason
 
 
 def spans(layers) -> str:
@@ -78,7 +86,9 @@ def cmd_generate(args) -> int:
     from .sampling import Sampling
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=default_adapter(args))
+    adapter, why = default_adapter(args)
+    print(f"[adapter] {why}", file=sys.stderr)
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
     schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens, engine.adapter)
     live = not args.json and len(args.prompt) == 1
     shown = [""]

@@ -14,6 +14,12 @@ baseline), so that training only has to learn to do without the skipped layers; 
 full-depth model with that adapter, whose whole next-token distribution says more per token than one
 reference does (the student copies the full model, which is what a skip decoder should do).
 
+`--task general` trains on chat prompts that come without answers (skipdecode/general.py): the targets are
+the full-depth base model's own greedy answers (up to --max-answer-tokens), generated in batches once and
+cached in --checkpoint-dir; --distill adds the KL to that same model (the default --teacher); the prompts
+held out for `eval --prompts validation` are never trained on; the schedule defaults to a constant budget
+with the horizon at the answer length.
+
 Runs on one CPU here; `accelerate launch -m skipdecode train ...` runs the same code on several GPUs or
 machines (Accelerator places the model, shards the batches and syncs gradients).
 """
@@ -45,12 +51,13 @@ class TrainConfig:
     out: str
     speedups: list[float] = field(default_factory=lambda: [1.0])
     model: str | None = None
-    data: str | None = None
+    data: str | None = None  # E2E: the devset CSV; general: a prompts file (default: the pool)
+    task: str = "e2e"  # or "general": chat prompts, targets = the full-depth base model's answers
     warmup_layers: int = DEFAULT_WARMUP
-    horizon: int = E2E_HORIZON
+    horizon: int | None = None  # default: E2E_HORIZON; general: max_answer_tokens
     decay: str = "linear"
     mode: str = "skip"
-    spread: float = SPREAD  # max budget / average budget (1 = a constant budget)
+    spread: float | None = None  # max budget / average budget (1 = a constant budget); default SPREAD, general 1
     init: str | None = None  # adapter (name or path) to start from; its rank and alpha are kept
     teacher: str | None = None  # adapter of the full-depth teacher ("none": the base model)
     distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
@@ -73,7 +80,22 @@ class TrainConfig:
     precision: str = "auto"
     seed: int = SPLIT_SEED
     resume: bool = False
-    limit: int | None = None  # train on the first N examples only (smoke tests)
+    limit: int | None = None  # train on the first N examples only (general: N prompts)
+    max_answer_tokens: int = 160  # general: length of the full-depth answers trained on
+    max_prompt_tokens: int = 128  # general: longer chat-templated prompts are left out
+
+    def __post_init__(self):
+        """Defaults that depend on the task: chat answers are 100-200 tokens, not E2E's 32, and the
+        general recipe decodes on a constant budget; the KL teacher of general prompts is the base model."""
+        if self.task not in ("e2e", "general"):
+            raise ValueError(f"--task must be e2e or general; got {self.task!r}")
+        general = self.task == "general"
+        if self.horizon is None:
+            self.horizon = self.max_answer_tokens if general else E2E_HORIZON
+        if self.spread is None:
+            self.spread = 1.0 if general else SPREAD
+        if general and self.distill and self.teacher is None:
+            self.teacher = "none"  # the full-depth base model, whose answers are the targets
 
 
 # ---- the layer plan ---------------------------------------------------------------------------
@@ -171,6 +193,28 @@ def complete_refs(items: list[Item]) -> list[Item]:
     return kept
 
 
+def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
+    """(train, validation) examples of E2E: (prompt ids, reference ids + end token) per reference of the
+    devset MRs training does not hold out."""
+    from .data import pairs, read_items, resolve, split_items
+
+    train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
+                                         config.validation_share, config.seed)
+    train_items = train_items[: config.limit]  # every MR has a reference: the first `limit` examples stay
+    if config.complete_refs:
+        train_items = complete_refs(train_items)
+    # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
+    if config.sequence_kd:
+        from .engine import Engine
+        engine = Engine(teacher.model, tokenizer)
+        train_items = teacher_items(engine, train_items, config.sequence_kd, config.seed)
+    train_examples = tokenize_pairs(tokenizer, pairs(train_items, config.renamed, config.seed))[: config.limit]
+    # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
+    val_renamed = 1.0 if config.renamed else 0.0
+    val_pairs = pairs(val_items, val_renamed, config.seed + 1)
+    return train_examples, tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
+
+
 def tokenize_pairs(tokenizer, pairs):
     """(prompt ids, target ids + end token) per (prompt, reference) pair."""
     eos = tokenizer.eos_token_id
@@ -224,7 +268,6 @@ def train(config: TrainConfig) -> dict:
     from transformers import get_cosine_schedule_with_warmup
 
     from .adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
-    from .data import pairs, read_items, resolve, split_items
     from .models import load_model
 
     if not 0 <= config.distill <= 1 or (config.distill > 0) != (config.teacher is not None):
@@ -235,6 +278,9 @@ def train(config: TrainConfig) -> dict:
         raise ValueError(f"--sequence-kd is a share of the references, in [0, 1]; got {config.sequence_kd}")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
+    if config.task == "general" and (config.sequence_kd or config.renamed or config.complete_refs):
+        raise ValueError("--sequence-kd, --renamed and --complete-refs are E2E options: general prompts are trained "
+                         "on the full-depth base model's answers already")
     # Bad options are refused above, before the Accelerator claims the process's precision state.
     accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum,
                               mixed_precision=pick_precision(config.precision), cpu=not torch.cuda.is_available())
@@ -269,21 +315,14 @@ def train(config: TrainConfig) -> dict:
             full = merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
 
-    train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
-                                         config.validation_share, config.seed)
-    train_items = train_items[: config.limit]  # every MR has a reference: the first `limit` examples stay
-    if config.complete_refs:
-        train_items = complete_refs(train_items)
-    # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
-    if config.sequence_kd:
-        from .engine import Engine
-        engine = Engine(teacher.model, tokenizer)
-        train_items = teacher_items(engine, train_items, config.sequence_kd, config.seed)
-    train_examples = tokenize_pairs(tokenizer, pairs(train_items, config.renamed, config.seed))[: config.limit]
-    # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
-    val_renamed = 1.0 if config.renamed else 0.0
-    val_pairs = pairs(val_items, val_renamed, config.seed + 1)
-    val_examples = tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
+    if config.task == "general":  # targets: the full-depth base model's answers, cached beside the checkpoints
+        from .general import training_examples
+
+        train_examples, val_examples = training_examples(
+            tokenizer, config.model, config.data, config.limit, config.validation_examples,
+            config.max_prompt_tokens, config.max_answer_tokens, config.checkpoint_dir)
+    else:
+        train_examples, val_examples = e2e_examples(config, tokenizer, teacher)
     schedules = schedules_for(config.speedups, L, config)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
@@ -360,14 +399,20 @@ def train(config: TrainConfig) -> dict:
     bar.close()
 
     seconds = elapsed_before + time.time() - started
-    summary = {"base_model": loaded.name, "speedups": config.speedups, "steps": step,
+    summary = {"base_model": loaded.name, "task": config.task, "speedups": config.speedups, "steps": step,
                "examples_seen": step * config.batch_size * config.grad_accum * accelerator.num_processes,
                "train_examples": len(train_examples), "train_minutes": round(seconds / 60, 1),
                "val_loss": history[-1].get("val_loss"), "precision": pick_precision(config.precision),
                "resumed_from": resumed_from, "config": asdict(config), "history": history}
+    if config.task == "general":  # what `eval --prompts validation` checks before it scores the adapter
+        from .general import HELD_OUT_RULE
+
+        summary["held_out"] = HELD_OUT_RULE
     if accelerator.is_main_process:
         out = Path(config.out)
-        accelerator.unwrap_model(model).model.save_pretrained(out)
+        # LoRA on linear layers only, the vocabulary never resized: peft's "auto" check of the embedding
+        # layers would ask the Hub for the base model's config.json (a failed lookup offline).
+        accelerator.unwrap_model(model).model.save_pretrained(out, save_embedding_layers=False)
         (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
         finish_adapter(out)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -396,7 +441,7 @@ def finish_adapter(folder: Path) -> None:
     speedups = ", ".join(f"{s:g}x" for s in meta["speedups"])
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the target + {c['distill']:g} x KL from"
-                    f" the full-depth model with `{c['teacher']}` (self-distillation)." if c.get("distill") else "",
+                    f" {_teacher_words(c['teacher'])} (self-distillation)." if c.get("distill") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
                     f" Targets: the teacher's greedy outputs, not the references (sequence-level"
@@ -408,11 +453,11 @@ def finish_adapter(folder: Path) -> None:
     spread = c.get("spread", SPREAD)
     shape = ("the same at every position (spread 1)" if spread == 1 else
              f"from {spread:g} x the average down to its minimum at position {c['horizon']}, {c['decay']} decay")
+    datasets, data, example = _card_data(meta, INSTRUCTION)
     (folder / "README.md").write_text(f"""---
 base_model: {base}
 library_name: peft
-datasets: [e2e_nlg]
-tags: [lora, skipdecode]
+{datasets}tags: [lora, skipdecode]
 ---
 
 # {folder.name}: skip-aware LoRA for {base} at {speedups}
@@ -424,32 +469,63 @@ budget b(s), {shape}, in {c["mode"]} mode; a batch samples one of the speedups l
 {meta["train_minutes"]} minutes on a 2-core CPU; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
 
-Data: the E2E NLG challenge dev set (Novikova, Dušek and Rieser, 2017), CC BY-SA 4.0.
+{data}
 
     skipdecode generate --adapter {folder.name} --speedup {meta["speedups"][-1]:g} \\
-        --prompt "{INSTRUCTION}name[Strada], eatType[pub], area[city centre]"
+        --prompt "{example}"
 """)
+
+
+def _teacher_words(teacher: str) -> str:
+    from .adapters import NONE
+
+    return "the full-depth base model" if str(teacher).lower() in NONE else f"the full-depth model with `{teacher}`"
+
+
+def _card_data(meta: dict, instruction: str) -> tuple[str, str, str]:
+    """The model card's datasets line, its data paragraph and an example prompt, by task."""
+    c = meta["config"]
+    if meta.get("task", "e2e") == "e2e":
+        return ("datasets: [e2e_nlg]\n", "Data: the E2E NLG challenge dev set (Novikova, Dušek and Rieser, 2017), "
+                "CC BY-SA 4.0.", f"{instruction}name[Strada], eatType[pub], area[city centre]")
+    pool = c.get("data") is None
+    source = ("the general chat prompts of `permissive_chat_prompts.jsonl` (HelpSteer2, Anthropic HH-RLHF helpful,\n"
+              "OpenAssistant oasst2, databricks-dolly-15k and Capybara prompts; CC BY-SA 4.0 as a compilation)"
+              if pool else f"the prompts of `{Path(c['data']).name}`")
+    return ("datasets: [nvidia/HelpSteer2, Anthropic/hh-rlhf, OpenAssistant/oasst2, databricks/databricks-dolly-15k, "
+            "LDJnr/Capybara]\n" if pool else "",
+            f"Data: prompts only, {source}, up to {c['max_prompt_tokens']} tokens with the chat template. The targets\n"
+            f"are the base model's own greedy answers at full depth, up to {c['max_answer_tokens']} tokens "
+            f"(self-distillation).\nHeld out and never trained on: {meta.get('held_out')}.",
+            "Explain in one paragraph why the sky is blue.")
 
 
 # ---- command line -----------------------------------------------------------------------------
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="skip-aware LoRA fine-tuning on E2E",
+    p = subparsers.add_parser("train", help="skip-aware LoRA fine-tuning on E2E or on general chat prompts",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="adapter folder to write (e.g. assets/adapters/skip3x)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--speedup", type=float, help="train for one schedule (the paper's way)")
     group.add_argument("--speedups", help="comma list: sample one schedule per batch (one adapter for all)")
     defaults = TrainConfig(out="")
-    for name in ("model", "data"):
-        p.add_argument(f"--{name}", default=None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--data", default=None, help="E2E: the devset CSV; --task general: a prompts file, JSON lines "
+                                                "with a prompt field or one a line (default: the prompt pool)")
+    p.add_argument("--task", choices=("e2e", "general"), default="e2e",
+                   help="general: chat prompts, trained on the full-depth base model's greedy answers (cached in "
+                        "--checkpoint-dir), --limit N prompts; the validation slice is never trained on")
     p.add_argument("--init", default=None, help="adapter (name or path) to start from, e.g. e2e-1x")
-    p.add_argument("--teacher", default=None, help="adapter of the full-depth teacher for --distill")
+    p.add_argument("--teacher", default=None,
+                   help="adapter of the full-depth teacher for --distill (--task general: the base model)")
     p.add_argument("--distill", type=float, default=0.0, help="weight of the KL to the teacher, in (0, 1]")
     for name in ("warmup_layers", "horizon", "rank", "alpha", "batch_size", "grad_accum", "steps",
-                 "validation_examples", "eval_every", "checkpoint_every", "seed", "limit"):
+                 "validation_examples", "eval_every", "checkpoint_every", "seed", "limit", "max_answer_tokens",
+                 "max_prompt_tokens"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread", "renamed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
+    p.set_defaults(horizon=None, spread=None)  # by task: see TrainConfig.__post_init__
     p.add_argument("--decay", default=defaults.decay)
     p.add_argument("--mode", default=defaults.mode)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
