@@ -38,7 +38,7 @@ TIMING_NOTE = ("SkipDecode and full decoding ran interleaved in one thread of th
                "each in turn, each step timed on its own, so both saw the same machine load.")
 
 
-AUTO = "auto: the fine-tuned adapter for the speedup"
+AUTO = "auto: the adapter for the prompt and the speedup"
 log = logging.getLogger("skipdecode.app")
 MODEL_ENV = "SKIPDECODE_MODEL"  # the host's choice of base model (a name, folder or hub id), fixed at start
 
@@ -225,6 +225,7 @@ class Comparison:
     references: tuple[str, ...] | None = None
     quality: dict | None = None
     cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
+    why: tuple[str, str] = ("chosen", "chosen")  # why each side runs its model ("auto" says which and why)
 
     @property
     def done(self) -> bool:
@@ -256,6 +257,7 @@ class Comparison:
                     "batch": update.batch.to_dict(), "trace": update.trace.to_dict()}
 
         return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model,
+                "why": {"skipdecode": self.why[0], "full": self.why[1]},
                 "num_layers": self.num_layers,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
@@ -295,25 +297,34 @@ class Studio:
     def labels(self) -> list[str]:
         return [m.label for m in self.models]
 
-    def choice(self, label: str | None = None, speedup: float | None = None) -> ModelChoice:
-        """The configured model a label names ("auto" resolved for the speedup); anything else is refused."""
+    def choice(self, label: str | None = None, speedup: float | None = None, prompt: str | None = None) -> ModelChoice:
+        """The configured model a label names ("auto" resolved for the prompt and the speedup); anything
+        else is refused."""
+        return self.pick(label, speedup, prompt)[0]
+
+    def pick(self, label: str | None = None, speedup: float | None = None,
+             prompt: str | None = None) -> tuple[ModelChoice, str]:
+        """`choice`, and why it was picked, in words the page shows."""
         if not label:
-            return self.base
+            return self.base, "chosen"
         choice = next((m for m in self.models if m.label == label), None)
         if choice is None:  # a path, a hub id, an adapter of another model: only the list is served
             raise ValueError(f"unknown model {shown(label)}; this app serves only: {'; '.join(self.labels)}")
-        if choice.label == AUTO:
-            from skipdecode.adapters import adapter_for
+        if choice.label != AUTO:
+            return choice, "chosen"
+        from skipdecode.adapters import pick_adapter
 
-            target = _number("speedup", speedup or 1.0)
-            try:
-                picked = adapter_for(target, self.base.model)
-            except (ValueError, KeyError, TypeError, OSError) as error:  # the folder changed under us
-                log.warning("auto could not read the adapters folder, using the base model: %s", error)
-                picked = None
-            # Only what was configured at start: an adapter that appeared since is not served.
-            choice = next((m for m in self.models if picked and m.adapter == picked.name), self.base)
-        return choice
+        target = _number("speedup", speedup or 1.0)
+        try:
+            picked, why = pick_adapter(target, self.base.model, prompt)
+        except (ValueError, KeyError, TypeError, OSError) as error:  # the folder changed under us
+            log.warning("auto could not read the adapters folder, using the base model: %s", error)
+            picked, why = None, "base model: the adapters folder could not be read"
+        # Only what was configured at start: an adapter that appeared since is not served.
+        served = next((m for m in self.models if picked and m.adapter == picked.name), None)
+        if picked is not None and served is None:
+            return self.base, f"base model: {picked.name} was not served at start"
+        return served or self.base, why
 
     @property
     def base(self) -> ModelChoice:
@@ -389,15 +400,17 @@ class Studio:
 
     def compare(self, prompt: str, settings: Settings, model: str | None = None) -> Iterator[Comparison]:
         """Yields the comparison after every position of either run, then once more with quality scores."""
-        self._check_text(prompt, settings.max_new_tokens)
-        choice, engine, schedule, sampling = self._setup(settings, model)
+        prompt, _ = self._check_text(prompt, settings.max_new_tokens)
+        choice, engine, schedule, sampling, why = self._setup(settings, model, prompt)
         prompt, n = self._check(engine, prompt, settings.max_new_tokens)
         # "auto" compares like the paper: SkipDecode with the adapter made for its speedup against full
-        # decoding with the one made for full depth (the fine-tuned 1x baseline); a chosen model runs both.
-        full_choice = self.choice(AUTO, 1.0) if model == AUTO else choice
+        # decoding with the one made for full depth (for an E2E MR the fine-tuned 1x baseline; for any
+        # other prompt the base model itself); a chosen model runs both.
+        full_choice, full_why = self.pick(AUTO, 1.0, prompt) if model == AUTO else (choice, why)
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
-                                references=references_for(prompt), cost=self._costs[choice.label])
+                                references=references_for(prompt), cost=self._costs[choice.label],
+                                why=(why, full_why))
         skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
                                                    Job(full_engine, prompt, None, n, sampling)])
         try:
@@ -442,15 +455,16 @@ class Studio:
         checked = [self._check(engine, p, max_new_tokens) for p in prompts]
         return [p for p, _ in checked], checked[0][1]
 
-    def _setup(self, settings: Settings, model: str | None) -> tuple[ModelChoice, Engine, Schedule, Sampling]:
-        choice = self.choice(model, settings.speedup)
+    def _setup(self, settings: Settings, model: str | None,
+               prompt: str | None = None) -> tuple[ModelChoice, Engine, Schedule, Sampling, str]:
+        choice, why = self.pick(model, settings.speedup, prompt)
         sampling = settings.sampler(self.limits)
         engine = self.engine(choice)
         schedule = settings.schedule(engine.num_layers, choice.horizon, self.limits, choice.spread)
-        return choice, engine, schedule, sampling
+        return choice, engine, schedule, sampling, why
 
     def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
-        choice, engine, schedule, sampling = self._setup(settings, model)
+        choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
         run = BatchRun(prompts, schedule, engine.num_layers)
         jobs = ([Job(engine, p, schedule, n, sampling) for p in prompts]
@@ -469,7 +483,7 @@ class Studio:
         """Decode tokens per second against batch size, SkipDecode and full decoding side by side
         (prompts repeated to fill a batch; EOS ignored so every row decodes the same number of tokens).
         The sizes run one after another within one time limit for the whole measurement."""
-        choice, engine, schedule, sampling = self._setup(settings, model)
+        choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
         deadline = time.monotonic() + self.limits.time_limit_s
         rows = []
@@ -490,6 +504,11 @@ class Studio:
                              "tokens_per_s": round(update.trace.decode_tokens_per_s, 2),
                              "ms_per_step": round(update.trace.decode_ms / max(len(update.trace.steps), 1), 3)})
         return pd.DataFrame(rows)
+
+
+def _one_prompt(prompts) -> str | None:
+    """The prompt a batch is routed by: its first (a batch runs one model, so one kind of prompt)."""
+    return next((p for p in prompts or [] if isinstance(p, str) and p.strip()), None)
 
 
 def _trim_heap() -> None:

@@ -175,9 +175,12 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
     plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
             f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}.")
     state = "Running…" if running else "Done."
-    models = (f"Model: **{comparison.model}**." if comparison.full_model == comparison.model else
-              f"SkipDecode: **{comparison.model}**, full decoding: **{comparison.full_model}** (the fine-tuned "
-              f"full-depth baseline).")
+    why_skip, why_full = (html.escape(w) for w in comparison.why)
+    if comparison.why == ("chosen", "chosen"):
+        models = f"Model: **{comparison.model}** (chosen)."
+    else:  # "auto": which adapter each side ran, and why
+        models = (f"SkipDecode: **{comparison.model}** ({why_skip}); full decoding: **{comparison.full_model}** "
+                  f"({why_full}).")
     return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
 
 

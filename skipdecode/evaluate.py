@@ -168,7 +168,8 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
         if untrained_skip and s != 1.0:
             rows.append(("untrained", None, s))
         if compare_adapters:
-            rows += [(label, a, s) for a in available_adapters() if s in a.speedups and a != pick(s)]
+            rows += [(label, a, s) for a in available_adapters()
+                     if a.task == "e2e" and s in a.speedups and a != pick(s)]  # general adapters: eval --prompts
     return rows
 
 

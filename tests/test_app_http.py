@@ -158,3 +158,16 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     baseline = Engine.load(None, adapter=full_adapter)
     assert done.full.token_ids == baseline.generate([prompt], None, 6).token_ids[0]
     assert done.to_dict()["full_model"] == done.full_model and done.quality["perplexity"]["full"] > 0
+    assert done.why == (f"{skip_adapter.name}: an E2E meaning representation at 3x",
+                        f"{full_adapter.name}: an E2E meaning representation at 1x")
+
+    # Any other prompt: never an E2E adapter; full decoding is the base model itself, and the page says why.
+    general = "Explain in one paragraph why the sky is blue."
+    *_, done = studio.compare(general, Settings(speedup=3.0, max_new_tokens=4), AUTO)
+    assert done.full_model == studio.base.label and done.why[1] == "base model: a general prompt at 1x (the full-depth reference)"
+    if done.model == studio.base.label:  # no general adapter served for 3x
+        assert done.why[0] == "base model: no general adapter for 3x yet"
+    else:
+        assert "a general prompt at 3x" in done.why[0]
+    assert done.full.token_ids == Engine.load().generate([general], None, 4).token_ids[0]
+    studio.batcher.close()
