@@ -28,7 +28,7 @@ from skipdecode import quality
 from skipdecode.adapters import same_base
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.engine import Engine
-from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL
+from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL, dtype_name
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
 
@@ -226,6 +226,7 @@ class Comparison:
     quality: dict | None = None
     cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
     why: tuple[str, str] = ("chosen", "chosen")  # why each side runs its model ("auto" says which and why)
+    dtypes: tuple[str, str] = ("float32", "float32")  # each side's precision
 
     @property
     def done(self) -> bool:
@@ -258,6 +259,7 @@ class Comparison:
 
         return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model,
                 "why": {"skipdecode": self.why[0], "full": self.why[1]},
+                "dtype": {"skipdecode": self.dtypes[0], "full": self.dtypes[1]},
                 "num_layers": self.num_layers,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
@@ -410,7 +412,8 @@ class Studio:
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
-                                why=(why, full_why))
+                                why=(why, full_why), dtypes=(dtype_name(engine.decoder.dtype),
+                                                             dtype_name(full_engine.decoder.dtype)))
         skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
                                                    Job(full_engine, prompt, None, n, sampling)])
         try:

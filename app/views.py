@@ -176,11 +176,12 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
             f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}.")
     state = "Running…" if running else "Done."
     why_skip, why_full = (html.escape(w) for w in comparison.why)
+    skip_dtype, full_dtype = comparison.dtypes
     if comparison.why == ("chosen", "chosen"):
-        models = f"Model: **{comparison.model}** (chosen)."
+        models = f"Model: **{comparison.model}** (chosen, {skip_dtype})."
     else:  # "auto": which adapter each side ran, and why
-        models = (f"SkipDecode: **{comparison.model}** ({why_skip}); full decoding: **{comparison.full_model}** "
-                  f"({why_full}).")
+        models = (f"SkipDecode: **{comparison.model}** ({why_skip}, {skip_dtype}); full decoding: "
+                  f"**{comparison.full_model}** ({why_full}, {full_dtype}).")
     return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
 
 

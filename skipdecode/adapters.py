@@ -140,6 +140,20 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
     return picked, f"{picked.name}: {what} at {at}"
 
 
+# Tasks whose adapters decode in float32 whatever "auto" says: in bfloat16 the E2E test BLEU of e2e-1x fell
+# 0.53 (2x 0.26, 3x 0.32, 5x 0.0; one `skipdecode eval` run each way), past the 0.5 a precision may cost, and
+# every E2E comparison runs e2e-1x as its full-depth side, so all of them stay float32 (like against like).
+FLOAT32_TASKS = ("e2e",)
+
+
+def adapter_dtype(info: AdapterInfo | None, dtype="auto"):
+    """The dtype to load a model with this adapter in: `dtype` as asked, except that "auto" keeps the
+    adapters of FLOAT32_TASKS in float32."""
+    if dtype in (None, "auto") and info is not None and info.task in FLOAT32_TASKS:
+        return "float32"
+    return dtype
+
+
 def adapter_for(speedup: float, base_model: str | None = None, prompt: str | None = None) -> AdapterInfo | None:
     """The adapter `pick_adapter` picks (None: the base model), without the reason."""
     return pick_adapter(speedup, base_model, prompt)[0]

@@ -12,6 +12,14 @@ A 3x schedule (a third of the layers) cannot give 3x: the head and embedding sta
 measured decode speedup / bound. The per-token peer's own work adds the keys and values it must still
 compute for the layers above its exit (and an LM head per checked layer with the "softmax" measure).
 
+The weight-streaming floor: a decode step cannot be faster than reading what it needs from memory once:
+the weights the batch runs (each row's embedding row, the layers, the key/value rows of the layers only
+filled, the heads) plus each row's cached keys and values in the layers it runs, times the element size,
+over the read bandwidth `torch.sum` reaches on a tensor of the model's weight size in the same run
+(`read_bandwidth`, once per round, round-robin with the cases; the best round counts: a floor is a limit).
+floor_ms_per_token = those bytes / that bandwidth, averaged over the decode steps; vs_floor = measured ms
+per token / floor (1.0 would be a step that only streams its weights).
+
 Every run generates exactly `new_tokens` tokens per row (EOS does not stop it), so all rows of a run are
 comparable. Rounds go round-robin over the cases, so slow drift in machine load hits every case alike;
 the first round is a warm-up and is not counted.
@@ -33,8 +41,9 @@ from .data import E2E_ENV, read_items, resolve
 
 E2E_TEST = "testset_w_refs.csv"
 DEFAULT_OUT = Path("assets") / "results" / "bench.csv"
+TABLE_FILE = Path("docs") / "speed.md"  # where `--readme` with no path writes the table (between the markers)
 README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode bench: end -->"
-GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0}
+GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3}
 
 
 # ---- the cost model -----------------------------------------------------------------------------
@@ -47,6 +56,7 @@ class CostModel:
     kv_only: int  # what `Decoder.fill_kv` touches: the first norm and the key/value rows
     head: int  # final norm and LM head
     attention_width: int  # heads x head_dim: MACs per cached column, for scores and again for values
+    kv_width: int = 0  # key/value heads x head_dim: cached elements read per column, for keys and for values
 
     @classmethod
     def of(cls, dec) -> "CostModel":
@@ -56,7 +66,7 @@ class CostModel:
         kv_rows = block.qkv.weight.shape[1] * 2 * dec.kv_size
         d = dec.embed_tokens.shape[1]
         return cls(embedding=d, layer=layer, kv_only=block.norm1[0].numel() + kv_rows,
-                   head=dec.lm_head.weight.numel() + d, attention_width=dec.q_size)
+                   head=dec.lm_head.weight.numel() + d, attention_width=dec.q_size, kv_width=dec.kv_size)
 
     def token(self, layers: int, context: int, kv_only: int = 0, heads: int = 1) -> int:
         """Work for one token that runs `layers` layers over `context` cached columns."""
@@ -72,6 +82,21 @@ class CostModel:
             full += len(tokens) * self.token(num_layers, context)
             method += sum(self.token(layers, context, kv, heads) for layers, kv, heads in tokens)
         return full / method
+
+    def step_reads(self, layers: int, context: int, rows: int = 1, kv_only: int = 0, heads: int = 1) -> int:
+        """Elements one decode step of `rows` rows reads: the weights, once for the whole batch, and each
+        row's cached keys and values over `context` columns in the `layers` it runs."""
+        cache = rows * layers * 2 * self.kv_width * context
+        return rows * self.embedding + layers * self.layer + kv_only * self.kv_only + heads * self.head + cache
+
+    def floor_ms(self, prompt: int, per_step, element_bytes: int, bytes_per_s: float) -> float:
+        """The weight-streaming floor: mean ms per decode step to read `step_reads` at `bytes_per_s`.
+        `per_step` as for `bound`; the batch runs its deepest row's layers, fills the keys and values of
+        the layers above them and checks as many heads as its busiest row."""
+        elements = sum(self.step_reads(max(t[0] for t in tokens), prompt + step + 1, len(tokens),
+                                       min(t[1] for t in tokens), max(t[2] for t in tokens))
+                       for step, tokens in enumerate(per_step))
+        return 1000.0 * elements * element_bytes / bytes_per_s / len(per_step)
 
 
 def schedule_steps(schedule, steps: int, rows: int = 1):
@@ -89,6 +114,18 @@ def trace_steps(trace, heads_per_layer: bool = False):
 
 
 # ---- timing ---------------------------------------------------------------------------------------
+def read_bandwidth(probe, repeats: int = 3) -> float:
+    """Bytes per second `torch.sum` streams from `probe` (a tensor larger than the caches), best of `repeats`."""
+    import torch
+
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.sum(probe)
+        best = min(best, time.perf_counter() - started)
+    return probe.numel() * probe.element_size() / best
+
+
 @dataclass
 class Case:
     method: str  # "full", "skipdecode", "early_exit_peer"
@@ -125,6 +162,9 @@ def hf_generate(engine, ids, new_tokens):
     # eos_token_id=[] (not None, which falls back to the model's EOS) generates exactly new_tokens tokens,
     # the same ones our engine generates with stop_at_eos=False (min_new_tokens would mask EOS instead)
     config.update(do_sample=False, max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=engine.pad_id)
+    dtype = next(engine.model.parameters()).dtype
+    if dtype != engine.decoder.dtype:  # like with like: transformers runs the very weights, in our dtype
+        raise RuntimeError(f"transformers' model is in {dtype}, the engine in {engine.decoder.dtype}")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     started = time.perf_counter()
     with torch.inference_mode():
@@ -156,6 +196,8 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
         warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None):
     """All cases of one benchmark; returns (rows, goals). `items`: E2E items (data.Item), at least as
     many as the largest batch; a batch of B takes the first B. `labels` go into every row."""
+    import torch
+
     from .peers import calibrate
     from .schedule import Schedule, for_speedup
 
@@ -177,9 +219,15 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
             say(f"  threshold {policy.threshold:.5f}: {reached:.2f} layers per token")
             cases += [Case("early_exit_peer", s, b, policy) for b in batch_sizes]
 
+    cost = CostModel.of(engine.decoder)
+    weight_bytes = (L * cost.layer + cost.head) * engine.decoder.dtype.itemsize
+    probe = torch.ones(weight_bytes // 4, dtype=torch.float32, device=engine.decoder.device)
+    bandwidth = []  # bytes per second, one per counted round
     for round_ in range(warmup_rounds + repeats):
         counted = round_ >= warmup_rounds
         say(f"round {round_ + 1}/{warmup_rounds + repeats}" + ("" if counted else " (warm-up, not counted)"))
+        if counted:
+            bandwidth.append(read_bandwidth(probe))
         for case in cases:
             sample, generation = time_engine(engine, ids[: case.batch_size], case.policy, new_tokens)
             if counted:
@@ -191,14 +239,17 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
                 if counted:
                     case.hf.append((total, first))
                 case.hf_tokens = tokens
-    return summarize(engine, items, cases, new_tokens, peer_measure, labels or {})
+    del probe
+    return summarize(engine, items, cases, new_tokens, peer_measure, labels or {}, max(bandwidth))
 
 
-def summarize(engine, items, cases, new_tokens, peer_measure, labels):
+def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth):
+    """Rows and goals from the timed cases; `bandwidth` (bytes per second) sets the floor columns."""
     from .evaluate import score
     from .peers import average_token_layers
 
     cost = CostModel.of(engine.decoder)
+    dtype = engine.decoder.dtype
     L, eos = engine.num_layers, engine.eos_ids
     full = {c.batch_size: c for c in cases if c.method == "full"}
     biggest = {}
@@ -217,9 +268,10 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels):
             per_step = trace_steps(trace, heads_per_layer=peer_measure == "softmax")
             layers = average_token_layers(trace)
         else:
-            per_step = schedule_steps(case.policy, steps)
+            per_step = schedule_steps(case.policy, steps, rows=B)
             layers = trace.average_layers
         bound = cost.bound(L, trace.prompt_tokens, per_step)
+        floor = cost.floor_ms(trace.prompt_tokens, per_step, dtype.itemsize, bandwidth)
         base = full[B]
         base_ms = statistics.median(sorted(s[2] for s in base.samples))
         base_total = statistics.median(sorted(s[0] for s in base.samples))
@@ -227,12 +279,14 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels):
         scored = biggest[(case.method, case.speedup)].generation
         texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
         row = {
-            "method": case.method, "dtype": str(engine.decoder.dtype).removeprefix("torch."), **labels,
+            "method": case.method, "dtype": str(dtype).removeprefix("torch."), **labels,
             "speedup": case.speedup, "batch_size": B, "new_tokens": new_tokens, "prompt_tokens": trace.prompt_tokens,
             "repeats": len(case.samples), "layers_per_token": round(layers, 3),
             "batch_layers_per_step": round(trace.average_layers, 3),
             "ms_per_token": round(ms, 3), "ms_per_token_min": round(decodes[0], 3),
             "ms_per_token_max": round(decodes[-1], 3), "tokens_per_s": round(1000 * B / ms, 2),
+            "floor_ms_per_token": round(floor, 3), "vs_floor": round(ms / floor, 3),
+            "read_gb_s": round(bandwidth / 1e9, 2),
             "first_token_ms": round(statistics.median(firsts), 3),
             "e2e_ms_per_token": round(total / new_tokens, 3), "e2e_tokens_per_s": round(1000 * B * new_tokens / total, 2),
             "measured_speedup": round(base_ms / ms, 3), "e2e_speedup": round(base_total / total, 3),
@@ -251,7 +305,7 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels):
                 "hf_generate_ms_per_token": round(hf_decode, 3),
                 "hf_generate_decode_tokens_per_s": round(1000 * B / hf_decode, 2),
                 "vs_hf": round(hf_total / total, 3), "vs_hf_decode": round(hf_decode / ms, 3),
-                "hf_same_tokens": case.hf_tokens == case.generation.token_ids,
+                "hf_same_tokens": case.hf_tokens == case.generation.token_ids, "hf_dtype": row["dtype"],
             })
         rows.append(row)
     return rows, goals(rows)
@@ -262,20 +316,22 @@ def goals(rows) -> list[dict]:
     out = []
     at = {(r["method"], r["speedup"], r["batch_size"]): r for r in rows}
 
-    def goal(name, value, threshold, strict=False):
-        ok = value > threshold if strict else value >= threshold
-        out.append({"goal": name, "value": round(value, 3), "op": ">" if strict else ">=", "threshold": threshold,
-                    "holds": bool(ok)})
+    def goal(name, value, threshold, op=">="):
+        ok = {">=": value >= threshold, ">": value > threshold, "<=": value <= threshold}[op]
+        out.append({"goal": name, "value": round(value, 3), "op": op, "threshold": threshold, "holds": bool(ok)})
 
     if ("full", 1, 1) in at and "vs_hf" in at[("full", 1, 1)]:
         goal("full depth, batch 1: tokens/s vs transformers generate (end to end)", at[("full", 1, 1)]["vs_hf"],
              GOALS["vs_hf"])
-    for s in (3, 5):
+    if "vs_floor" in at.get(("full", 1, 1), {}):
+        goal("full depth, batch 1: ms/token / weight-streaming floor", at[("full", 1, 1)]["vs_floor"],
+             GOALS["vs_floor"], op="<=")
+    speedups = sorted({r["speedup"] for r in rows})
+    for s in (s for s in speedups if s != 1):
         for b in (1, 16):
             if ("skipdecode", s, b) in at:
                 goal(f"SkipDecode {s}x, batch {b}: efficiency (measured / bound)",
                      at[("skipdecode", s, b)]["efficiency"], GOALS["efficiency"])
-    speedups = sorted({r["speedup"] for r in rows})
     for s in speedups:
         method = "full" if s == 1 else "skipdecode"
         if (method, s, 1) in at and (method, s, 16) in at:
@@ -285,12 +341,14 @@ def goals(rows) -> list[dict]:
         if ("early_exit_peer", s, 16) in at and ("skipdecode", s, 16) in at:
             goal(f"{s}x, batch 16: SkipDecode tokens/s / early-exit peer tokens/s (equal layers per token)",
                  at[("skipdecode", s, 16)]["tokens_per_s"] / at[("early_exit_peer", s, 16)]["tokens_per_s"],
-                 GOALS["vs_peer"], strict=True)
+                 GOALS["vs_peer"], op=">")
     return out
 
 
 def machine() -> dict:
     import torch
+
+    from .models import cpu_flags
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -300,7 +358,8 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu, "isa": sorted(cpu_flags()), "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
             "device": "cuda: " + torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "load_average": [round(x, 2) for x in os.getloadavg()]}
@@ -308,7 +367,9 @@ def machine() -> dict:
 
 # ---- output ---------------------------------------------------------------------------------------
 COLUMNS = [("method", "method", "{}"), ("speedup", "x", "{:g}"), ("batch_size", "batch", "{}"),
-           ("layers_per_token", "layers/token", "{:.1f}"), ("batch_layers_per_step", "layers/step", "{:.1f}"), ("ms_per_token", "ms/token", "{:.1f}"),
+           ("layers_per_token", "layers/token", "{:.1f}"), ("batch_layers_per_step", "layers/step", "{:.1f}"),
+           ("ms_per_token", "ms/token", "{:.1f}"), ("floor_ms_per_token", "floor ms", "{:.1f}"),
+           ("vs_floor", "vs floor", "{:.2f}"),
            ("tokens_per_s", "tok/s", "{:.1f}"), ("e2e_tokens_per_s", "e2e tok/s", "{:.1f}"),
            ("measured_speedup", "speedup", "{:.2f}"), ("bound", "bound", "{:.2f}"),
            ("efficiency", "efficiency", "{:.2f}"), ("hf_generate_tokens_per_s", "HF tok/s", "{:.1f}"),
@@ -331,9 +392,13 @@ def markdown(rows, goal_rows) -> str:
 def headline(report: dict) -> str:
     m = report["machine"]
     labels = ", ".join(f"{k} {v}" for k, v in report["labels"].items())
-    return (f"{report['model']} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads, {m['device']}), "
-            f"torch {m['torch']}, {report['date']}; load average {m['load_average'][0]} before, "
-            f"{report['load_average_after'][0]} after; {labels}; {report['seconds']:.0f} s")
+    isa = f" [{' '.join(m['isa']) or 'no avx2'}]" if "isa" in m else ""
+    precision = f"; {report['precision']}" if "precision" in report else ""
+    bandwidth = f"; read bandwidth {report['read_gb_s']} GB/s" if "read_gb_s" in report else ""
+    return (f"{report['model']} on {m['cpu']}{isa} ({m['cores']} cores, {m['torch_threads']} torch threads, "
+            f"{m['device']}), torch {m['torch']}, {report['date']}{precision}{bandwidth}; load average "
+            f"{m['load_average'][0]} before, {report['load_average_after'][0]} after; {labels}; "
+            f"{report['seconds']:.0f} s")
 
 
 def readme_parts(path: Path) -> tuple[str, str]:
@@ -405,6 +470,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from .engine import Engine
+    from .models import precision_reason
 
     speedups = tuple(int(s) if float(s).is_integer() else s for s in _numbers(args.speedups))
     batch_sizes = _numbers(args.batch_sizes, int)
@@ -440,8 +506,11 @@ def cmd_bench(args) -> int:
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
                           labels=labels)
+    dtype = str(engine.decoder.dtype).removeprefix("torch.")
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
-              "date": time.strftime("%Y-%m-%d"), "labels": labels,
+              "date": time.strftime("%Y-%m-%d"), "dtype": dtype,
+              "precision": precision_reason(engine.decoder.device) if args.dtype == "auto" else f"{dtype}: --dtype",
+              "read_gb_s": rows[0]["read_gb_s"], "labels": labels,
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "seconds": round(time.perf_counter() - started, 1), "rows": rows, "goals": goal_rows}
     if args.out:
@@ -479,7 +548,8 @@ def register(subparsers) -> None:
     bench.add_argument("--adapter", default=None, help="LoRA adapter merged for every row (speed is unchanged; "
                                                        "the quality columns follow it)")
     bench.add_argument("--device", default="auto")
-    bench.add_argument("--dtype", default="float32", help="float32 (the reported rows), bfloat16 or float16")
+    bench.add_argument("--dtype", default="auto", help="auto (skipdecode.models.precision: the app's default on "
+                                                      "this machine), float32, bfloat16 or float16")
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     bench.add_argument("--compile", action="store_true",
                        help="torch.compile the layer math first (compile time reported as compile_s)")
@@ -488,7 +558,8 @@ def register(subparsers) -> None:
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")
     bench.add_argument("--out", default=str(DEFAULT_OUT), help="CSV to write (and .json beside it); '' for none")
-    bench.add_argument("--readme", default=None, help=f"also write the table into this file between "
-                                                      f"'{README_BEGIN}' and '{README_END}'")
+    bench.add_argument("--readme", nargs="?", const=str(TABLE_FILE), default=None,
+                       help=f"also write the table into this file (alone: {TABLE_FILE}) between "
+                            f"'{README_BEGIN}' and '{README_END}'")
     bench.add_argument("--json", action="store_true", help="print one JSON object (rows, goals, machine)")
     bench.set_defaults(func=cmd_bench)

@@ -3,6 +3,10 @@
 Under a non-increasing budget the positions a layer ran at form a prefix of the sequence, so one length
 per layer describes the whole cache, and a layer asked to run at a column it has not reached yet is a
 broken schedule: `claim` refuses it instead of attending over a hole.
+
+A bfloat16 model on a CPU keeps its keys and values in float32 (`cache_dtype`): the values are the same
+(bfloat16 widens exactly), and attention over them runs float32 kernels, which at one query per row are
+several times faster on a CPU than the bfloat16 ones (`skipdecode bench --dtype bfloat16` measures it).
 """
 
 from __future__ import annotations
@@ -10,10 +14,16 @@ from __future__ import annotations
 import torch
 
 
+def cache_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype keys, values and attention use for a model in `dtype` on `device`."""
+    return torch.float32 if dtype == torch.bfloat16 and torch.device(device).type == "cpu" else dtype
+
+
 class KVCache:
     def __init__(self, num_layers, batch, num_kv_heads, max_len, head_dim, device, dtype):
         # One allocation for the whole generation: [layer, key/value, row, head, column, dim].
-        self.data = torch.empty(num_layers, 2, batch, num_kv_heads, max_len, head_dim, device=device, dtype=dtype)
+        self.data = torch.empty(num_layers, 2, batch, num_kv_heads, max_len, head_dim, device=device,
+                                dtype=cache_dtype(dtype, device))
         self.lengths = [0] * num_layers
         self.max_len = max_len
 

@@ -79,14 +79,15 @@ class Engine:
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
         """A model by name or path; `adapter` (a name, a path or an AdapterInfo) is merged into its weights."""
-        from .adapters import NONE, AdapterInfo, find_adapter, merge_adapter
+        from .adapters import NONE, AdapterInfo, adapter_dtype, find_adapter, merge_adapter
         from .models import load_model
 
-        loaded = load_model(name_or_path, device=device, dtype=dtype)
-        _own_memory(loaded.model)
         info = None
         if adapter is not None and str(adapter) not in NONE:
             info = adapter if isinstance(adapter, AdapterInfo) else find_adapter(adapter)
+        loaded = load_model(name_or_path, device=device, dtype=adapter_dtype(info, dtype))
+        _own_memory(loaded.model)
+        if info is not None:
             loaded.model = merge_adapter(loaded.model, info, loaded.name)
         engine = cls(loaded.model, loaded.tokenizer, loaded.name if info is None else f"{loaded.name}+{info.name}")
         engine.base_name, engine.adapter = loaded.name, info  # what the app and evaluation report

@@ -74,16 +74,75 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+DTYPE_ENV = "SKIPDECODE_DTYPE"  # a host's choice for "auto" (e.g. bfloat16); an explicit dtype still wins
+# Whether "auto" runs bfloat16 on a CPU that computes it natively (BF16_FLAGS). Measured before turning it on
+# (docs/speed.md, "Precision"): on general prompts the base model's bfloat16 answers score like its float32
+# ones; on the E2E test set bfloat16 cost the served e2e-1x 0.53 BLEU (more than the 0.5 allowed), so the
+# E2E adapters keep float32 (`adapters.adapter_dtype`).
+CPU_BFLOAT16 = True
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")  # the ones a decoding step feels
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bfloat16 products in hardware, not emulated through float32
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags among ISA_FLAGS: /proc/cpuinfo on Linux, torch's own probes elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            line = next((line for line in info if line.startswith("flags")), "")
+        if line:
+            return frozenset(line.split(":", 1)[1].split()) & frozenset(ISA_FLAGS)
+    except OSError:
+        pass
+    probes = {"avx2": "_is_avx2_supported", "avx512f": "_is_avx512_supported",
+              "avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported"}
+    found = {flag for flag, probe in probes.items() if getattr(torch.cpu, probe, lambda: False)()}
+    return frozenset(found | ({"amx_bf16"} if "amx_tile" in found else set()))  # AMX tiles ship with AMX-BF16
+
+
+def precision(device: torch.device | str = "auto") -> tuple[torch.dtype, str]:
+    """The dtype "auto" means on `device` and why, in words the app and the benchmark show. The one place
+    the default precision is decided."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    chosen = os.environ.get(DTYPE_ENV, "").strip()
+    if chosen and chosen != "auto":
+        return _named_dtype(chosen, f"${DTYPE_ENV}"), f"{chosen}: set by ${DTYPE_ENV}"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return torch.bfloat16, "bfloat16: a CUDA device with native bfloat16"
+        return torch.float32, "float32: this CUDA device has no native bfloat16 (before Ampere)"
+    native = sorted(frozenset(BF16_FLAGS) & cpu_flags())
+    if not native:
+        return torch.float32, "float32: this CPU has no native bfloat16 (no avx512_bf16 or AMX)"
+    if CPU_BFLOAT16:
+        return torch.bfloat16, f"bfloat16: this CPU has {' and '.join(native)}"
+    return torch.float32, (f"float32: this CPU has {' and '.join(native)}, but bfloat16 on a CPU waits "
+                           "for its E2E quality check (skipdecode.models.CPU_BFLOAT16)")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16'."""
+    return str(dtype).removeprefix("torch.")
+
+
+def precision_reason(device: torch.device | str = "auto") -> str:
+    return precision(device)[1]
+
+
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """A dtype, or its name; None and "auto" ask `precision` (the hardware's and the host's choice)."""
     if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return precision(device)[0]
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of auto, {', '.join(names)}; got {dtype!r}")
-    return names[dtype]
+    return _named_dtype(dtype, "dtype")
+
+
+def _named_dtype(name, what: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"{what} must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
 
 
 def cached_default() -> Path:

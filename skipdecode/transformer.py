@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .cache import cache_dtype
 from .models import check_architecture
 
 ACTIVATIONS = {
@@ -153,8 +154,9 @@ class Decoder:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
     def rope(self, positions: torch.Tensor, limit: int | None = None):
-        """cos/sin for positions [B, S], shaped [B, S, 1, head_dim] to broadcast over heads. `limit`, one
-        past the largest position the caller will ask for, spares reading the positions back to the host."""
+        """cos and signed sin (see `_rotate`) for positions [B, S], shaped [B, S, 1, head_dim] to broadcast
+        over heads. `limit`, one past the largest position the caller will ask for, spares reading the
+        positions back to the host."""
         if self.rotary is None:
             return None
         need = int(positions.max()) + 1 if limit is None else limit
@@ -162,13 +164,14 @@ class Decoder:
             # a table of positions, made by the model's own rotary module (any rope scaling included)
             size = min(self.max_positions, max(1024, 1 << (need - 1).bit_length()))
             cos, sin = self.rotary(self.embed_tokens, torch.arange(size, device=self.device)[None])
-            self._rope_table = (cos[0], sin[0])
+            half = self.head_dim // 2
+            self._rope_table = (cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1))
         cos, sin = self._rope_table
         return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
 
     def attention_bias(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean mask (True = may attend) as the additive mask SDPA uses, made once per generation."""
-        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        bias = torch.zeros(allowed.shape, dtype=cache_dtype(self.dtype, self.device), device=self.device)
         return bias.masked_fill_(~allowed, float("-inf"))
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -191,10 +194,11 @@ class Decoder:
         end = start + S
         keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
         values[:, :, start:end] = qkv[:, :, H + Hkv:].transpose(1, 2)
-        attn = F.scaled_dot_product_attention(
-            qk[:, :, :H].transpose(1, 2), keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=self.gqa
+        attn = F.scaled_dot_product_attention(  # in the cache's dtype (see cache_dtype)
+            qk[:, :, :H].transpose(1, 2).to(keys.dtype), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+            enable_gqa=self.gqa,
         )
-        x = x + w.out(attn.transpose(1, 2).reshape(B, S, self.q_size))
+        x = x + w.out(attn.transpose(1, 2).reshape(B, S, self.q_size).to(x.dtype))
         h = w.up(self._norm(x, w.norm2))
         if self.gated:
             gate, up = h.chunk(2, dim=-1)
@@ -227,19 +231,16 @@ class Decoder:
 
     @staticmethod
     def _rotate(t, rope):
-        """RoPE on t [B, S, heads, head_dim]."""
+        """RoPE on t [B, S, heads, head_dim]: t cos + rotate_half(t) sin, where rotate_half(t) = (-t2, t1)
+        for the halves t1, t2, computed as (t2, t1) (one roll) times the sin whose first half is negated
+        (made once with the table): the same products, so the same values, in fewer operations."""
         if rope is None:
             return t
-        cos, sin = rope
-        return t * cos + _rotate_half(t) * sin
+        cos, signed_sin = rope
+        return t * cos + t.roll(t.shape[-1] // 2, -1) * signed_sin
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self._norm(x, self.final_norm))
-
-
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _wb(module):

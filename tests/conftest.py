@@ -1,7 +1,14 @@
+import os
+
 import pytest
 import torch
 
 from skipdecode.engine import Engine
+
+# The tests decode in float32 on every CPU (and so do the servers and commands they start): "auto" means
+# bfloat16 on CPUs with native bfloat16 and float32 elsewhere, and the tests compare tokens with
+# transformers' own. tests/test_precision.py tests that decision on faked CPU flags.
+os.environ.setdefault("SKIPDECODE_DTYPE", "float32")
 
 PROMPTS = [
     "Write a sentence about a coffee shop.",

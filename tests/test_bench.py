@@ -19,7 +19,8 @@ HEAD = V * D + D
 
 def test_cost_model_counts_the_default_models_weights(engine):
     cost = CostModel.of(engine.decoder)
-    assert cost == CostModel(embedding=D, layer=LAYER, kv_only=D + D * 2 * KV, head=HEAD, attention_width=Q)
+    assert cost == CostModel(embedding=D, layer=LAYER, kv_only=D + D * 2 * KV, head=HEAD, attention_width=Q,
+                             kv_width=KV)
     whole = D + 30 * LAYER + HEAD
     assert 0.19 < HEAD / whole < 0.23  # the head is about a fifth of a token's weights
 
@@ -56,6 +57,31 @@ def test_peer_work_counts_the_copied_keys_and_values():
     assert 1 < peer < no_copy
 
 
+def test_floor_is_the_bytes_a_step_reads_over_the_bandwidth():
+    cost = CostModel(embedding=10, layer=1000, kv_only=100, head=500, attention_width=8, kv_width=4)
+    # one row, 3 layers, context 5: 10 + 3 x 1000 + 500 weights and 3 layers x 2 x 4 x 5 cached elements
+    assert cost.step_reads(3, 5) == 10 + 3000 + 500 + 120
+    # four rows share the weights; each reads its embedding row and its own cache
+    assert cost.step_reads(3, 5, rows=4) == 40 + 3000 + 500 + 480
+    assert cost.step_reads(3, 5, kv_only=2, heads=3) == 10 + 3000 + 200 + 1500 + 120
+    # prompt 4: contexts 5 and 6; 2-byte elements at 1e6 bytes/s
+    full = schedule_steps(Schedule.full(3), 2)
+    want = (cost.step_reads(3, 5) + cost.step_reads(3, 6)) / 2 * 2 / 1e6 * 1000
+    assert cost.floor_ms(4, full, 2, 1e6) == pytest.approx(want)
+    assert cost.floor_ms(4, full, 4, 1e6) == pytest.approx(2 * want)  # float32 reads twice the bytes
+    # a peer's batch runs its deepest row's layers and fills the keys and values above them
+    peer = [[(1, 2, 1), (2, 1, 1)]]
+    assert cost.floor_ms(4, peer, 1, 1e3) == pytest.approx(cost.step_reads(2, 5, rows=2, kv_only=1) * 1000 / 1e3)
+
+
+def test_read_bandwidth_is_bytes_over_seconds():
+    import torch
+
+    from skipdecode.bench import read_bandwidth
+
+    assert read_bandwidth(torch.ones(1 << 16), repeats=2) > 0
+
+
 def test_agreement_counts_full_outputs_tokens_up_to_eos():
     # the full output is cut at its EOS (2): 3 of its 4 tokens reproduced
     assert agreement([[5, 6, 9, 2, 7]], [[5, 6, 7, 2, 8, 8]], eos_ids=[2]) == 0.75
@@ -64,7 +90,7 @@ def test_agreement_counts_full_outputs_tokens_up_to_eos():
 
 def test_goals_are_ratios_against_thresholds():
     rows = [
-        {"method": "full", "speedup": 1, "batch_size": 1, "tokens_per_s": 50, "vs_hf": 2.0},
+        {"method": "full", "speedup": 1, "batch_size": 1, "tokens_per_s": 50, "vs_hf": 2.0, "vs_floor": 1.4},
         {"method": "full", "speedup": 1, "batch_size": 16, "tokens_per_s": 250},
         {"method": "skipdecode", "speedup": 3, "batch_size": 1, "tokens_per_s": 100, "efficiency": 0.95},
         {"method": "skipdecode", "speedup": 3, "batch_size": 16, "tokens_per_s": 700, "efficiency": 0.85},
@@ -72,6 +98,7 @@ def test_goals_are_ratios_against_thresholds():
     ]
     got = {g["goal"]: (g["value"], g["holds"]) for g in goals(rows)}
     assert got["full depth, batch 1: tokens/s vs transformers generate (end to end)"] == (2.0, True)
+    assert got["full depth, batch 1: ms/token / weight-streaming floor"] == (1.4, False)
     assert got["SkipDecode 3x, batch 1: efficiency (measured / bound)"] == (0.95, True)
     assert got["SkipDecode 3x, batch 16: efficiency (measured / bound)"] == (0.85, False)
     assert got["1x: batch 16 tokens/s / batch 1 tokens/s"] == (5.0, False)
@@ -101,14 +128,23 @@ def test_bench_command_writes_documented_rows(tmp_path):
     assert [(r["method"], r["speedup"], r["batch_size"]) for r in rows] == [
         ("full", 1, 1), ("full", 1, 2), ("skipdecode", 2, 1), ("skipdecode", 2, 2),
         ("early_exit_peer", 2, 1), ("early_exit_peer", 2, 2)]
-    required = {"speedup", "batch_size", "ms_per_token", "tokens_per_s", "measured_speedup", "bound", "efficiency"}
+    required = {"speedup", "batch_size", "ms_per_token", "tokens_per_s", "measured_speedup", "bound", "efficiency",
+                "floor_ms_per_token", "vs_floor", "read_gb_s"}
     for row in rows:
         assert required <= set(row) and row["ms_per_token"] > 0 and row["tokens_per_s"] > 0
         assert row["efficiency"] == pytest.approx(row["measured_speedup"] / row["bound"], abs=0.002)
+        assert row["vs_floor"] == pytest.approx(row["ms_per_token"] / row["floor_ms_per_token"], rel=0.01)
+        assert row["dtype"] == report["dtype"] and row["read_gb_s"] == report["read_gb_s"] > 0
         assert ("hf_generate_tokens_per_s" in row) == (row["speedup"] == 1)
     full = rows[0]
     assert full["bound"] == 1.0 and full["measured_speedup"] == 1.0 and full["hf_same_tokens"] is True
+    assert full["hf_dtype"] == full["dtype"]  # transformers ran in the engine's dtype
     assert rows[2]["bound"] > 1 and rows[2]["layers_per_token"] < 30
+    assert rows[2]["floor_ms_per_token"] < full["floor_ms_per_token"]  # fewer layers, fewer bytes
+    from skipdecode.models import precision_reason
+
+    assert report["precision"] == precision_reason("cpu") and report["precision"].startswith(report["dtype"])
+    assert set(report["machine"]["isa"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
     assert report["goals"] and report["machine"]["cores"] >= 1
     assert {"bleu", "rouge_l", "chrf", "ser", "agreement"} <= set(full) and full["agreement"] == 1.0
     with open(out, newline="") as handle:
@@ -153,6 +189,24 @@ def test_readme_section_is_replaced_and_the_rest_kept(tmp_path):
     text = readme.read_text()
     assert text.startswith("# Title\n\nintro\n") and text.endswith(f"{README_END}\n\n## After\n")
     assert "old table" not in text and "`skipdecode bench --speedups 1`" in text and "| full | 1 | 1 | 30.0 |" in text
+    report.update(precision="bfloat16: this CPU has avx512_bf16", read_gb_s=30.5)
+    report["machine"]["isa"] = ["avx2", "avx512_bf16"]
+    update_readme(readme, report)
+    assert "on cpu [avx2 avx512_bf16] (2 cores" in readme.read_text()
+    assert "; bfloat16: this CPU has avx512_bf16; read bandwidth 30.5 GB/s;" in readme.read_text()
     readme.write_text("# no markers\n")
     with pytest.raises(ValueError, match="section"):
         update_readme(readme, report)
+
+
+def test_readme_option_defaults_to_the_table_file():
+    import argparse
+
+    from skipdecode.bench import TABLE_FILE, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["bench"]).readme is None
+    assert parser.parse_args(["bench", "--readme", "--repeats", "2"]).readme == str(TABLE_FILE)
+    assert parser.parse_args(["bench", "--readme", "docs/speed.md"]).readme == "docs/speed.md"
+    assert parser.parse_args(["bench"]).dtype == "auto"

@@ -167,3 +167,35 @@ def test_tiny_models_match_their_generate(kind):
     # and a skip schedule runs through the same loop
     skipped = engine.generate(batch, Schedule(4, 4, 2, warmup=1, horizon=5), max_new_tokens=12, stop_at_eos=False)
     assert [s.budget for s in skipped.trace.steps][-1] == 2
+
+
+def test_rope_is_transformers_rotation_exactly():
+    """`Decoder._rotate` (one roll, a signed sin made once) gives the very values of transformers' own RoPE."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from skipdecode.transformer import Decoder
+
+    model = tiny_model("llama")
+    dec = Decoder(model)
+    positions = torch.tensor([[0, 1, 2, 7], [3, 4, 5, 6]])
+    q, k = torch.randn(2, 2, 4, 16), torch.randn(2, 2, 4, 16)  # [B, heads, S, head_dim] as transformers has them
+    cos, sin = model.model.rotary_emb(q, positions)
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+    rope = dec.rope(positions)
+    assert torch.equal(dec._rotate(q.transpose(1, 2), rope).transpose(1, 2), want_q)
+    assert torch.equal(dec._rotate(k.transpose(1, 2), rope).transpose(1, 2), want_k)
+
+
+def test_bfloat16_on_cpu_keeps_keys_and_values_in_float32():
+    from skipdecode.cache import KVCache, cache_dtype
+    from skipdecode.peers import EarlyExit
+
+    assert cache_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
+    assert cache_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert cache_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
+    assert KVCache(2, 1, 2, 8, 16, "cpu", torch.bfloat16).data.dtype == torch.float32
+    engine = Engine(tiny_model("llama").to(torch.bfloat16), IdTokenizer())
+    batch = [[1, 17, 43, 99, 5], [1, 250, 7]]  # left padding: the masks are made in the cache's dtype
+    for policy in (None, Schedule(4, 4, 2, warmup=1, horizon=5), EarlyExit(4, 0.5)):
+        out = engine.generate(batch, policy, max_new_tokens=6, stop_at_eos=False)
+        assert [len(ids) for ids in out.token_ids] == [6, 6]
