@@ -23,11 +23,12 @@ from . import plots, views
 from .results import load_table
 from .studio import Settings, Studio, shown
 
-# While tokens stream, the page's text updates at most every TEXT_EVERY_S and its plots every PLOT_EVERY_S.
-# Each update is HTML built and sent by this process while the decode steps run in the batcher's thread:
-# updating at every position took the GIL and the cores from the very steps the page times, and made the
-# page's measured speedup read far below the API's for the same request (scripts/page_speedup.py).
-TEXT_EVERY_S = 0.25
+# While a comparison streams, its text updates at most every TEXT_EVERY_S and its plots are drawn when it
+# ends. Each update is HTML the server builds and a browser on the same machine renders while the batcher
+# times the decode steps; redrawing the three plots as tokens came in made the page's measured speedup read
+# 0.81x the API's for the same request (median of 5), text every 0.5 s and plots at the end 0.95x
+# (scripts/page_speedup.py, docs/speed.md). The Batch tab, which shows no speedup, redraws every PLOT_EVERY_S.
+TEXT_EVERY_S = 0.5
 PLOT_EVERY_S = 0.75
 DECODINGS = ("greedy", "sampling")
 INTERNAL_ERROR = ("Something went wrong on the server while running this request; it has been logged. "
@@ -104,8 +105,7 @@ class Callbacks:
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode)
-            drawn = written = 0.0
-            texts = None
+            written, texts = 0.0, None
             for comparison in self.studio.compare(prompt, settings, model):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
                     tokenizer = self.studio.engine(comparison.model).tokenizer
@@ -115,11 +115,7 @@ class Callbacks:
                     continue
                 written = now
                 outputs = self._compare_outputs(comparison, texts)
-                if now - drawn >= PLOT_EVERY_S or last:
-                    drawn = now
-                    yield outputs + list(views.compare_figures(comparison))
-                else:
-                    yield outputs + [gr.skip()] * 3
+                yield outputs + (list(views.compare_figures(comparison)) if last else [gr.skip()] * 3)
 
     def _compare_outputs(self, comparison, texts) -> list:
         running = comparison.quality is None
