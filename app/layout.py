@@ -100,7 +100,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Column(scale=2):
                         model = gr.Dropdown(studio.labels, value=studio.labels[0], label="Model",
                                             interactive=len(studio.labels) > 1,
-                                            info="auto picks the adapter trained for the target speedup"
+                                            info="auto picks the adapter for the prompt and the target speedup"
                                             if len(studio.labels) > 1 else
                                             "fine-tuned adapters join this list when assets/adapters has them")
                         speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=3, step=0.25,
