@@ -59,9 +59,10 @@ def main(argv=None) -> None:
                              f"default {Limits.max_models}); others are loaded again when asked for")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.max_models < 3:
-        parser.error(f"--max-models: at least 3 (the base model and the two that auto compares); got {args.max_models}")
-    limits = Limits(time_limit_s=gpu.time_limit(args.time_limit), max_models=args.max_models)
+    try:
+        limits = Limits(time_limit_s=gpu.time_limit(args.time_limit), max_models=args.max_models)
+    except ValueError as error:
+        parser.error(f"--max-models: {error}")
     window = float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S))
     batcher = (gpu.ProcessBatcher if gpu.zero_gpu() else Batcher)(window_s=window, time_limit_s=limits.time_limit_s)
     studio = Studio(limits=limits, batcher=batcher)

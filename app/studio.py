@@ -111,6 +111,11 @@ class Limits:
     # the speedup and the 1x one it is compared with. Others are loaded again when asked for.
     max_models: int = 3
 
+    def __post_init__(self):
+        if self.max_models < 3:
+            raise ValueError(f"max_models must be at least 3 (the base model and the two that auto compares); "
+                             f"got {self.max_models}")
+
 
 @dataclass
 class Settings:
@@ -287,9 +292,6 @@ class Studio:
         self.models = models or configured_models()
         self.limits = limits
         self.batcher = batcher or Batcher(time_limit_s=limits.time_limit_s)
-        if limits.max_models < 3:
-            raise ValueError(f"max_models must be at least 3 (the base model and the two that auto compares); "
-                             f"got {limits.max_models}")
         self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
         self._costs: dict[str, tuple[int, int]] = {}
         self._failed: dict[str, Exception] = {}

@@ -21,11 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from appserver import start  # noqa: E402
-
-PROMPT = ("Write one sentence describing this restaurant, using every fact: name[The Cricketers], "
-          "eatType[coffee shop], customer rating[high], familyFriendly[yes], near[Express by Holiday Inn]")
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+from test_browser import ARGS, CHROMIUM, PROMPT  # noqa: E402  (the page as the browser test drives it)
 
 
 def page_run(page, tokens: int) -> float:
@@ -56,7 +52,7 @@ def main(argv=None) -> int:
     try:
         client = Client(server.url, verbose=False)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(server.url)
             page.wait_for_selector("#sd-prompt textarea", timeout=120_000)

@@ -246,6 +246,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
 def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth):
     """Rows and goals from the timed cases; `bandwidth` (bytes per second) sets the floor columns."""
     from .evaluate import score
+    from .models import dtype_name
     from .peers import average_token_layers
 
     cost = CostModel.of(engine.decoder)
@@ -279,7 +280,7 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
         scored = biggest[(case.method, case.speedup)].generation
         texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
         row = {
-            "method": case.method, "dtype": str(dtype).removeprefix("torch."), **labels,
+            "method": case.method, "dtype": dtype_name(dtype), **labels,
             "speedup": case.speedup, "batch_size": B, "new_tokens": new_tokens, "prompt_tokens": trace.prompt_tokens,
             "repeats": len(case.samples), "layers_per_token": round(layers, 3),
             "batch_layers_per_step": round(trace.average_layers, 3),
@@ -470,7 +471,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from .engine import Engine
-    from .models import precision_reason
+    from .models import dtype_name, precision_reason
 
     speedups = tuple(int(s) if float(s).is_integer() else s for s in _numbers(args.speedups))
     batch_sizes = _numbers(args.batch_sizes, int)
@@ -506,7 +507,7 @@ def cmd_bench(args) -> int:
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
                           labels=labels)
-    dtype = str(engine.decoder.dtype).removeprefix("torch.")
+    dtype = dtype_name(engine.decoder.dtype)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
               "date": time.strftime("%Y-%m-%d"), "dtype": dtype,
               "precision": precision_reason(engine.decoder.device) if args.dtype == "auto" else f"{dtype}: --dtype",

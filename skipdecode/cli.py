@@ -53,7 +53,7 @@ def default_adapter(args):
     from .models import DEFAULT_MODEL
 
     if args.adapter is not None:
-        return args.adapter, ("base model: --adapter none" if str(args.adapter).lower() in NONE
+        return args.adapter, ("base model: --adapter none" if str(args.adapter) in NONE
                               else f"{args.adapter}: asked for with --adapter")
     if args.model not in (None, DEFAULT_MODEL):
         return None, f"base model: the adapters are trained for {DEFAULT_MODEL}, not {args.model}"

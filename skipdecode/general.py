@@ -411,7 +411,7 @@ def results_place(prompts: str, out=None, limit: int | None = None, adapter: str
         name = "general" + (f"-{Path(adapter).name}" if adapter else "")
         name += "" if max_new_tokens == EVAL_TOKENS else f"-{max_new_tokens}tokens"
         return evaluate.RESULTS_DIR / name, evaluate.RESULTS_DIR / f"{name}-outputs.jsonl"
-    folder = Path(tempfile.mkdtemp(prefix="skipdecode-eval-general-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"{evaluate.TEMP_PREFIX}general-"))
     return folder / "general", folder / "outputs.jsonl"
 
 
