@@ -77,11 +77,12 @@ def resolve_device(device: str = "auto") -> torch.device:
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 DTYPE_ENV = "SKIPDECODE_DTYPE"  # a host's choice for "auto" (e.g. bfloat16); an explicit dtype still wins
-# Whether "auto" runs bfloat16 on a CPU that computes it natively (BF16_FLAGS). Measured before turning it on
-# (docs/speed.md, "Precision"): on general prompts the base model's bfloat16 answers score like its float32
-# ones; on the E2E test set bfloat16 cost the served e2e-1x 0.53 BLEU (more than the 0.5 allowed), so the
-# E2E adapters keep float32 (`adapters.adapter_dtype`).
-CPU_BFLOAT16 = True
+# Whether "auto" runs bfloat16 on a CPU that computes it natively (BF16_FLAGS). Off (docs/speed.md,
+# "Precision"): quality held (general prompts scored like float32; the E2E adapters, which lost up to 0.53
+# BLEU, keep float32 anyway, `adapters.adapter_dtype`), but in bfloat16 a prompt decoded in a batch of 16 no
+# longer gets the tokens it gets alone (scripts/loadtest.py load: 59 of 96 answers matched), and the app
+# promises that batching with other users changes nothing. A host can still choose it: $SKIPDECODE_DTYPE.
+CPU_BFLOAT16 = False
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")  # the ones a decoding step feels
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bfloat16 products in hardware, not emulated through float32
 
