@@ -90,14 +90,29 @@ def split_items(items: list[Item], validation_share: float, seed: int) -> tuple[
             [it for i, it in enumerate(items) if i in held_out])
 
 
+SPLIT_FILES = {"train": "trainset.csv", "dev": "devset.csv", "test": "testset_w_refs.csv"}
+
+
+def train_items(data=None, split: str = "train", share: float = VALIDATION_SHARE,
+                seed: int = SPLIT_SEED) -> list[Item]:
+    """The MRs to train on: the official training split (4,862 MRs, none in dev or test), as the paper and
+    the challenge do; or, for comparison with the devset-era adapters, the devset MRs not held out."""
+    if split == "train":
+        return read_items(resolve(data, SPLIT_FILES["train"]))
+    if split == "dev":
+        return split_items(read_items(resolve(data, SPLIT_FILES["dev"])), share, seed)[0]
+    raise ValueError(f"training split must be train or dev; got {split!r}")
+
+
 def eval_items(data=None, split: str = "test", share: float = VALIDATION_SHARE, seed: int = SPLIT_SEED) -> list[Item]:
-    """The MRs to score: the test set, or the devset MRs that training held out (unseen by every adapter
-    trained with this share and seed), which is where to choose between adapters without touching test."""
-    if split == "test":
-        return read_items(resolve(data, "testset_w_refs.csv"))
+    """The MRs to score: the test set; the whole devset (where to choose between adapters trained on the
+    training split); or the devset MRs that devset-era training held out (unseen by every adapter trained
+    with this share and seed)."""
+    if split in ("test", "dev"):
+        return read_items(resolve(data, SPLIT_FILES[split]))
     if split == "validation":
-        return split_items(read_items(resolve(data, "devset.csv")), share, seed)[1]
-    raise ValueError(f"split must be test or validation; got {split!r}")
+        return split_items(read_items(resolve(data, SPLIT_FILES["dev"])), share, seed)[1]
+    raise ValueError(f"split must be test, dev or validation; got {split!r}")
 
 
 # Made-up restaurant names: E2E's devset has only 20 names and 10 landmarks, and half the test set's are

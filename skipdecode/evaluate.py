@@ -180,30 +180,37 @@ def load_items(data=None, split: str = "test", made_up_names: bool = False, limi
 
 
 def check_held_out(plan, split: str, share: float = VALIDATION_SHARE) -> None:
-    """Validation scores mean something only on MRs an adapter never trained on, nor the adapters it started
-    from (--init) or learned from (--teacher). One seed's splits are nested (each is a prefix of the same
-    shuffle), so an adapter that held out a share at least as large held out every MR scored here."""
-    if split == "validation":
+    """Devset scores mean something only on MRs an adapter never trained on, nor the adapters it started
+    from (--init) or learned from (--teacher). Adapters trained on the training split (or on chat prompts)
+    never saw a devset MR. A devset-era adapter trained on most of the devset: it may score only on the MRs
+    it held out (--split validation). One seed's splits are nested (each is a prefix of the same shuffle),
+    so an adapter that held out a share at least as large held out every MR scored there."""
+    if split in ("dev", "validation"):
         for _, info, _ in plan:
-            _check_lineage(info, share, set())
+            _check_lineage(info, split, share, set())
 
 
-def _check_lineage(info, share: float, seen: set) -> None:
+def _check_lineage(info, split: str, share: float, seen: set) -> None:
     from .adapters import find_adapter
 
     if info is None or info.path in seen:
         return
     seen.add(info.path)
     c = info.config
-    if c.get("seed", SPLIT_SEED) != SPLIT_SEED or c.get("validation_share", VALIDATION_SHARE) < share:
-        raise ValueError(f"adapter {info.name} held out other devset MRs (seed {c.get('seed')}, share "
-                         f"{c.get('validation_share')}); --split validation follows seed {SPLIT_SEED}, share {share}")
+    if info.task == "e2e" and c.get("split", "dev") == "dev":
+        if split == "dev":
+            raise ValueError(f"adapter {info.name} was trained on devset MRs (the devset-era recipe): --split dev "
+                             f"scores adapters trained on the training split; use --split validation for it")
+        if c.get("seed", SPLIT_SEED) != SPLIT_SEED or c.get("validation_share", VALIDATION_SHARE) < share:
+            raise ValueError(f"adapter {info.name} held out other devset MRs (seed {c.get('seed')}, share "
+                             f"{c.get('validation_share')}); --split validation follows seed {SPLIT_SEED}, "
+                             f"share {share}")
     for ancestor in filter(None, (c.get("init"), c.get("teacher"))):
         try:
             parent = find_adapter(ancestor)
         except ValueError:  # an intermediate run that no longer exists cannot be checked
             continue
-        _check_lineage(parent, share, seen)
+        _check_lineage(parent, split, share, seen)
 
 
 def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
@@ -273,8 +280,9 @@ def register(subparsers) -> None:
     p.add_argument("--data", default=None,
                    help="CSV with columns mr, ref (default: the E2E testset_w_refs.csv, or devset.csv for --split "
                         "validation)")
-    p.add_argument("--split", choices=("test", "validation"), default="test",
-                   help="validation: the devset MRs training held out, to choose adapters without the test set")
+    p.add_argument("--split", choices=("test", "dev", "validation"), default="test",
+                   help="dev: every devset MR, to choose between adapters trained on the training split without the "
+                        "test set; validation: the devset MRs that devset-era training held out")
     p.add_argument("--validation-share", type=float, default=VALIDATION_SHARE,
                    help="with --split validation: the share of devset MRs held out (every adapter scored, and the "
                         "adapters it was trained from, must have held out at least this share)")
@@ -315,7 +323,7 @@ def default_prefix(split: str = "test", data=None, limit: int | None = None, mad
     for the E2E test set (the app shows it, the README quotes it), docs/results/<run_name> for the devset
     MRs held out at the default share (the validation rounds, with the research log); None for any other run (another --data, a --limit,
     another --validation-share), which must not overwrite them: it goes to a fresh temporary folder."""
-    own = data is None and limit is None and (split == "test" or validation_share == VALIDATION_SHARE)
+    own = data is None and limit is None and (split != "validation" or validation_share == VALIDATION_SHARE)
     if not own:
         return None
     return (RESULTS_DIR if split == "test" else VALIDATION_DIR) / run_name(split, made_up_names)

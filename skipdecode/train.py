@@ -14,6 +14,11 @@ baseline), so that training only has to learn to do without the skipped layers; 
 full-depth model with that adapter, whose whole next-token distribution says more per token than one
 reference does (the student copies the full model, which is what a skip decoder should do).
 
+E2E data (`--split`): the official training split (trainset.csv), one reference per MR an epoch, with
+the whole devset left to validate and choose on, as the paper and the challenge do; `--snapshot-every N`
+writes the adapter every N steps so that each MR-epoch can be scored on the devset (`eval --split dev`).
+`--split dev` is the devset-era recipe (the devset MRs not held out), kept to compare with.
+
 `--task general` trains on chat prompts that come without answers (skipdecode/general.py): the targets are
 the full-depth base model's own greedy answers (up to --max-answer-tokens), generated in batches once and
 cached in --checkpoint-dir; --distill adds the KL to that same model (the default --teacher); the prompts
@@ -51,8 +56,9 @@ class TrainConfig:
     out: str
     speedups: list[float] = field(default_factory=lambda: [1.0])
     model: str | None = None
-    data: str | None = None  # E2E: the devset CSV; general: a prompts file (default: the pool)
+    data: str | None = None  # E2E: the split's CSV or the E2E folder; general: a prompts file (default: the pool)
     task: str = "e2e"  # or "general": chat prompts, targets = the full-depth base model's answers
+    split: str = "train"  # E2E: the official training split; "dev": the devset-era recipe (devset minus its held-out MRs)
     warmup_layers: int = DEFAULT_WARMUP
     horizon: int | None = None  # default: E2E_HORIZON; general: max_answer_tokens
     decay: str = "linear"
@@ -76,6 +82,7 @@ class TrainConfig:
     validation_examples: int = 64
     eval_every: int = 50
     checkpoint_every: int = 50
+    snapshot_every: int = 0  # also write the adapter as it stands every N steps (to validate each MR-epoch)
     checkpoint_dir: str = "checkpoints"
     precision: str = "auto"
     seed: int = SPLIT_SEED
@@ -89,6 +96,8 @@ class TrainConfig:
         general recipe decodes on a constant budget; the KL teacher of general prompts is the base model."""
         if self.task not in ("e2e", "general"):
             raise ValueError(f"--task must be e2e or general; got {self.task!r}")
+        if self.split not in ("train", "dev"):
+            raise ValueError(f"--split must be train or dev; got {self.split!r}")
         general = self.task == "general"
         if self.horizon is None:
             self.horizon = self.max_answer_tokens if general else E2E_HORIZON
@@ -194,25 +203,38 @@ def complete_refs(items: list[Item]) -> list[Item]:
 
 
 def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
-    """(train, validation) examples of E2E: (prompt ids, reference ids + end token) per reference of the
-    devset MRs training does not hold out."""
-    from .data import pairs, read_items, resolve, split_items
+    """(train groups, validation examples) of E2E; an example is (prompt ids, reference ids + end token).
+    A group holds the examples an epoch draws one of. On the training split a group is an MR's references:
+    an epoch is one reference per MR (4,862 MRs, 42,061 references), and the whole devset validates. On the
+    devset-era split (`--split dev`) every reference is its own group, as before, and the devset MRs not
+    held out train."""
+    from .data import SPLIT_FILES, eval_items, pairs, train_items
 
-    train_items, val_items = split_items(read_items(resolve(config.data, "devset.csv")),
-                                         config.validation_share, config.seed)
-    train_items = train_items[: config.limit]  # every MR has a reference: the first `limit` examples stay
+    items = train_items(config.data, config.split, config.validation_share, config.seed)[: config.limit]
     if config.complete_refs:
-        train_items = complete_refs(train_items)
+        items = complete_refs(items)
     # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
     if config.sequence_kd:
         from .engine import Engine
         engine = Engine(teacher.model, tokenizer)
-        train_items = teacher_items(engine, train_items, config.sequence_kd, config.seed)
-    train_examples = tokenize_pairs(tokenizer, pairs(train_items, config.renamed, config.seed))[: config.limit]
+        items = teacher_items(engine, items, config.sequence_kd, config.seed)
     # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
     val_renamed = 1.0 if config.renamed else 0.0
-    val_pairs = pairs(val_items, val_renamed, config.seed + 1)
-    return train_examples, tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
+    if config.split == "dev":
+        from .data import split_items, read_items, resolve
+
+        train_examples = tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed))[: config.limit]
+        val_items = split_items(read_items(resolve(config.data, SPLIT_FILES["dev"])), config.validation_share,
+                                config.seed)[1]
+        val_pairs = pairs(val_items, val_renamed, config.seed + 1)
+        return [[e] for e in train_examples], tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
+    examples = iter(tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed)))
+    groups = [[next(examples) for _ in item.refs] for item in items]
+    folder = Path(config.data).parent if config.data and Path(config.data).is_file() else config.data
+    dev = eval_items(folder, "dev")  # one reference per MR, spread over the devset's MRs
+    val_pairs = pairs([Item(it.mr, it.refs[:1]) for it in dev[:: max(1, len(dev) // config.validation_examples)]],
+                      val_renamed, config.seed + 1)
+    return groups, tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
 
 
 def tokenize_pairs(tokenizer, pairs):
@@ -235,14 +257,17 @@ def collate(examples, pad_id: int):
     return input_ids, lengths, labels, [len(p) for p, _ in examples], [len(t) - 1 for _, t in examples]
 
 
-def batches(examples, batch_size: int, seed: int):
-    """An endless, reproducible stream of batches: epoch e is shuffled with seed + e."""
+def batches(groups, batch_size: int, seed: int):
+    """An endless, reproducible stream of batches: epoch e shuffles the groups with seed + e and takes one
+    example of each at random (one reference per MR: an MR-epoch; a group of one: every example)."""
     epoch = 0
     while True:
-        order = list(range(len(examples)))
-        random.Random(seed + epoch).shuffle(order)
-        for i in range(0, len(order) - batch_size + 1, batch_size):
-            yield [examples[j] for j in order[i:i + batch_size]]
+        rng = random.Random(seed + epoch)
+        order = list(range(len(groups)))
+        rng.shuffle(order)
+        picks = [rng.choice(groups[j]) for j in order]
+        for i in range(0, len(picks) - batch_size + 1, batch_size):
+            yield picks[i:i + batch_size]
         epoch += 1
 
 
@@ -321,8 +346,9 @@ def train(config: TrainConfig) -> dict:
         train_examples, val_examples = training_examples(
             tokenizer, config.model, config.data, config.limit, config.validation_examples,
             config.max_prompt_tokens, config.max_answer_tokens, config.checkpoint_dir)
+        groups = [[e] for e in train_examples]
     else:
-        train_examples, val_examples = e2e_examples(config, tokenizer, teacher)
+        groups, val_examples = e2e_examples(config, tokenizer, teacher)
     schedules = schedules_for(config.speedups, L, config)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
@@ -341,7 +367,7 @@ def train(config: TrainConfig) -> dict:
     resumed_from = step
 
     # Each process takes every n-th micro-batch; a resumed run skips what it already consumed.
-    stream = batches(train_examples, config.batch_size, config.seed)
+    stream = batches(groups, config.batch_size, config.seed)
     picker = random.Random(config.seed)
     for _ in range(step * config.grad_accum * accelerator.num_processes):
         next(stream)
@@ -368,6 +394,20 @@ def train(config: TrainConfig) -> dict:
         model.train()
         return sum(losses) / len(losses)
 
+    def summary_of(steps: int, seconds: float) -> dict:
+        summary = {"base_model": loaded.name, "task": config.task, "speedups": config.speedups, "steps": steps,
+                   "examples_seen": steps * config.batch_size * config.grad_accum * accelerator.num_processes,
+                   "train_examples": sum(map(len, groups)), "epoch_steps": len(groups) // config.batch_size,
+                   "train_minutes": round(seconds / 60, 1),
+                   "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
+                   "precision": pick_precision(config.precision), "resumed_from": resumed_from,
+                   "config": asdict(config), "history": history}
+        if config.task == "general":  # what `eval --prompts validation` checks before it scores the adapter
+            from .general import HELD_OUT_RULE
+
+            summary["held_out"] = HELD_OUT_RULE
+        return summary
+
     bar = tqdm(total=config.steps, initial=step, desc=f"train {Path(config.out).name}",
                disable=not accelerator.is_main_process)
     model.train()
@@ -390,6 +430,10 @@ def train(config: TrainConfig) -> dict:
         history.append(record)
         bar.set_postfix({k: v for k, v in record.items() if k in ("loss", "val_loss")})
         bar.update(1)
+        if config.snapshot_every and step % config.snapshot_every == 0 and step < config.steps \
+                and accelerator.is_main_process:
+            save_adapter(accelerator.unwrap_model(model).model, Path(f"{run_dir}-snapshots") / f"step-{step}",
+                         {**summary_of(step, elapsed_before + time.time() - started), "snapshot": True})
         if step % config.checkpoint_every == 0 and step < config.steps:
             accelerator.save_state(str(run_dir / "state"))
             seconds = elapsed_before + time.time() - started
@@ -398,25 +442,19 @@ def train(config: TrainConfig) -> dict:
                                                                           "history": history}))
     bar.close()
 
-    seconds = elapsed_before + time.time() - started
-    summary = {"base_model": loaded.name, "task": config.task, "speedups": config.speedups, "steps": step,
-               "examples_seen": step * config.batch_size * config.grad_accum * accelerator.num_processes,
-               "train_examples": len(train_examples), "train_minutes": round(seconds / 60, 1),
-               "val_loss": history[-1].get("val_loss"), "precision": pick_precision(config.precision),
-               "resumed_from": resumed_from, "config": asdict(config), "history": history}
-    if config.task == "general":  # what `eval --prompts validation` checks before it scores the adapter
-        from .general import HELD_OUT_RULE
-
-        summary["held_out"] = HELD_OUT_RULE
+    summary = summary_of(step, elapsed_before + time.time() - started)
     if accelerator.is_main_process:
-        out = Path(config.out)
-        # LoRA on linear layers only, the vocabulary never resized: peft's "auto" check of the embedding
-        # layers would ask the Hub for the base model's config.json (a failed lookup offline).
-        accelerator.unwrap_model(model).model.save_pretrained(out, save_embedding_layers=False)
-        (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
-        finish_adapter(out)
+        save_adapter(accelerator.unwrap_model(model).model, Path(config.out), summary)
         shutil.rmtree(run_dir, ignore_errors=True)
     return summary
+
+
+def save_adapter(peft_model, out: Path, summary: dict) -> None:
+    # LoRA on linear layers only, the vocabulary never resized: peft's "auto" check of the embedding
+    # layers would ask the Hub for the base model's config.json (a failed lookup offline).
+    peft_model.save_pretrained(out, save_embedding_layers=False)
+    (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
+    finish_adapter(out)
 
 
 def finish_adapter(folder: Path) -> None:
@@ -486,8 +524,10 @@ def _card_data(meta: dict, instruction: str) -> tuple[str, str, str]:
     """The model card's datasets line, its data paragraph and an example prompt, by task."""
     c = meta["config"]
     if meta.get("task", "e2e") == "e2e":
-        return ("datasets: [e2e_nlg]\n", "Data: the E2E NLG challenge dev set (Novikova, Dušek and Rieser, 2017), "
-                "CC BY-SA 4.0.", f"{instruction}name[Strada], eatType[pub], area[city centre]")
+        split = ("training split (chosen on the dev set)" if c.get("split", "dev") == "train" else
+                 "dev set (the devset-era recipe: the MRs not held out)")
+        return ("datasets: [e2e_nlg]\n", f"Data: the E2E NLG challenge {split} (Novikova, Dušek and Rieser, "
+                "2017), CC BY-SA 4.0.", f"{instruction}name[Strada], eatType[pub], area[city centre]")
     pool = c.get("data") is None
     source = ("the general chat prompts of `permissive_chat_prompts.jsonl` (HelpSteer2, Anthropic HH-RLHF helpful,\n"
               "OpenAssistant oasst2, databricks-dolly-15k and Capybara prompts; CC BY-SA 4.0 as a compilation)"
@@ -510,8 +550,12 @@ def register(subparsers) -> None:
     group.add_argument("--speedups", help="comma list: sample one schedule per batch (one adapter for all)")
     defaults = TrainConfig(out="")
     p.add_argument("--model", default=None)
-    p.add_argument("--data", default=None, help="E2E: the devset CSV; --task general: a prompts file, JSON lines "
-                                                "with a prompt field or one a line (default: the prompt pool)")
+    p.add_argument("--data", default=None, help="E2E: the E2E folder or the split's CSV; --task general: a prompts "
+                                                "file, JSON lines with a prompt field or one a line (default: the "
+                                                "prompt pool)")
+    p.add_argument("--split", choices=("train", "dev"), default=defaults.split,
+                   help="E2E: train on the official training split, one reference per MR an epoch, validated on the "
+                        "whole devset (default); dev: the devset-era recipe, on the devset MRs not held out")
     p.add_argument("--task", choices=("e2e", "general"), default="e2e",
                    help="general: chat prompts, trained on the full-depth base model's greedy answers (cached in "
                         "--checkpoint-dir), --limit N prompts; the validation slice is never trained on")
@@ -520,8 +564,8 @@ def register(subparsers) -> None:
                    help="adapter of the full-depth teacher for --distill (--task general: the base model)")
     p.add_argument("--distill", type=float, default=0.0, help="weight of the KL to the teacher, in (0, 1]")
     for name in ("warmup_layers", "horizon", "rank", "alpha", "batch_size", "grad_accum", "steps",
-                 "validation_examples", "eval_every", "checkpoint_every", "seed", "limit", "max_answer_tokens",
-                 "max_prompt_tokens"):
+                 "validation_examples", "eval_every", "checkpoint_every", "snapshot_every", "seed", "limit",
+                 "max_answer_tokens", "max_prompt_tokens"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread", "renamed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))

@@ -79,8 +79,35 @@ def test_validation_split_is_the_mrs_training_held_out(tmp_path):
     held = data.eval_items(tmp_path, "validation")
     assert held == split_items(read_items(tmp_path / "devset.csv"), data.VALIDATION_SHARE, data.SPLIT_SEED)[1]
     assert len(held) == 2
-    with pytest.raises(ValueError, match="split must be test or validation"):
+    with pytest.raises(ValueError, match="split must be test, dev or validation"):
         data.eval_items(tmp_path, "train")
+
+
+def test_the_training_split_trains_and_the_whole_devset_chooses(tmp_path):
+    """`train --split train` reads trainset.csv whole; `eval --split dev` scores every devset MR; the
+    devset-era split trains on the devset MRs that validation holds out from it, and on nothing else."""
+    (tmp_path / "trainset.csv").write_text("mr,ref\n" + "".join(f'"name[T{i}]",T{i} is here.\n' for i in range(30)))
+    (tmp_path / "devset.csv").write_text("mr,ref\n" + "".join(f'"name[D{i}]",D{i} is there.\n' for i in range(40)))
+    train = data.train_items(tmp_path)
+    assert [i.mr for i in train] == [f"name[T{i}]" for i in range(30)]
+    assert [i.mr for i in data.eval_items(tmp_path, "dev")] == [f"name[D{i}]" for i in range(40)]
+    devset_era = data.train_items(tmp_path, "dev")
+    assert len(devset_era) == 38 and not set(devset_era) & set(data.eval_items(tmp_path, "validation"))
+    with pytest.raises(ValueError, match="training split must be train or dev"):
+        data.train_items(tmp_path, "test")
+
+
+def test_the_whole_devset_scores_only_adapters_that_never_trained_on_it(tmp_path):
+    """A devset-era adapter (no split recorded) trained on 95% of the devset: --split dev refuses it and names
+    the way out; an adapter of the training split passes, unless it started from a devset-era one."""
+    devset_era = fake_adapter(tmp_path, "old", [1], config={"seed": 0, "validation_share": 0.05})
+    trained = fake_adapter(tmp_path, "new", [3], config={"split": "train", "seed": 9})
+    child = fake_adapter(tmp_path, "child", [3], config={"split": "train", "init": str(devset_era.path)})
+    check_held_out([("SkipDecode", trained, 3.0), ("untrained", None, 1.0)], "dev")
+    check_held_out([("SkipDecode", trained, 3.0)], "validation")  # its seed is no matter: no devset MR seen
+    for adapter in (devset_era, child):
+        with pytest.raises(ValueError, match="adapter old was trained on devset MRs .* use --split validation"):
+            check_held_out([("SkipDecode", adapter, 3.0)], "dev")
 
 
 def test_validation_refuses_an_adapter_that_held_out_other_mrs(tmp_path):

@@ -107,7 +107,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     from skipdecode import train as training
     from skipdecode.adapters import find_adapter
 
-    base = dict(speedups=[3.0], batch_size=2, limit=8, validation_examples=2, precision="fp32",
+    base = dict(speedups=[3.0], batch_size=2, limit=8, validation_examples=2, precision="fp32", split="dev",
                 checkpoint_dir=str(tmp_path / "checkpoints"))
     with pytest.raises(ValueError, match="--teacher"):
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), distill=0.5, **base))
@@ -214,3 +214,47 @@ def test_training_follows_the_spread_it_is_given():
 
     flat, wide = (schedules_for([3.0], 30, TrainConfig(out="", spread=s))[0] for s in (1.0, 1.5))
     assert (flat.max_budget, flat.min_budget, wide.max_budget, wide.min_budget) == (10, 10, 15, 5)
+
+
+def test_an_mr_epoch_takes_one_reference_of_every_mr():
+    """On the training split an epoch draws one reference per MR (reproducibly, a different one next
+    epoch); groups of one give every example each epoch in the order the devset-era runs used."""
+    import random
+
+    from skipdecode.train import batches
+
+    groups = [[(m, r) for r in range(8)] for m in range(12)]
+    stream = batches(groups, batch_size=4, seed=5)
+    epochs = [[e for _ in range(3) for e in next(stream)] for _ in range(4)]
+    assert all(sorted(m for m, _ in epoch) == list(range(12)) for epoch in epochs)
+    assert len({tuple(epoch) for epoch in epochs}) == 4
+    again = batches(groups, batch_size=4, seed=5)
+    assert [e for _ in range(3) for e in next(again)] == epochs[0]
+    flat = list(range(10))
+    order = list(range(10))
+    random.Random(5).shuffle(order)
+    assert [e for _, b in zip(range(2), batches([[e] for e in flat], 5, 5)) for e in b] == order
+
+
+@pytest.mark.slow
+def test_a_run_on_the_training_split_snapshots_each_epoch_and_validates_on_the_devset(tmp_path):
+    """`--split train` (the default) trains on trainset.csv MRs, records its split (so that `eval --split dev`
+    accepts it) and the steps of one MR-epoch, validates on devset MRs, and `--snapshot-every` leaves an
+    adapter that decodes at each snapshot step."""
+    from skipdecode import train as training
+    from skipdecode.adapters import read_adapter
+    from skipdecode.data import read_items, resolve
+    from skipdecode.evaluate import check_held_out
+
+    config = training.TrainConfig(out=str(tmp_path / "run"), speedups=[3.0], rank=4, alpha=8, batch_size=2,
+                                  steps=2, limit=4, validation_examples=2, snapshot_every=1,
+                                  checkpoint_dir=str(tmp_path / "checkpoints"), precision="fp32")
+    summary = training.train(config)
+    refs = sum(len(item.refs) for item in read_items(resolve(None, "trainset.csv"))[:4])
+    assert summary["config"]["split"] == "train" and summary["train_examples"] == refs
+    assert summary["epoch_steps"] == 2  # 4 MRs, one reference each, batch 2
+    snapshot = read_adapter(tmp_path / "checkpoints" / "run-snapshots" / "step-1")
+    assert snapshot.meta["steps"] == 1 and snapshot.meta["snapshot"]
+    check_held_out([("SkipDecode", snapshot, 3.0), ("SkipDecode", read_adapter(tmp_path / "run"), 3.0)], "dev")
+    engine = Engine.load(None, adapter=snapshot)
+    assert engine.generate(["name[Strada], eatType[pub]"], for_speedup(3, 30, 32), max_new_tokens=4).token_ids[0]
