@@ -160,9 +160,12 @@ def quality_html(comparison: Comparison | None) -> str:
                   _fmt(refs["full"]["rouge_l"]))]
     body = "".join(f"<tr><td>{label}</td><td>{a}</td><td>{'<i>—</i>' if b == 'reference' else b}</td></tr>"
                    for label, a, b in rows)
+    against = (f'<div class="sd-note">Compared against full decoding of the same prompt with the same '
+               f"settings: {html.escape(comparison.full_model)}, all {comparison.num_layers} layers; the perplexity "
+               "is that model's.</div>")
     note = ("" if refs else '<div class="sd-note">Scores against references appear for E2E test '
             "meaning representations (try one of the restaurant examples).</div>")
-    return f'<div class="sd-quality"><table>{head}<tbody>{body}</tbody></table>{note}</div>'
+    return f'<div class="sd-quality"><table>{head}<tbody>{body}</tbody></table>{against}{note}</div>'
 
 
 def status_markdown(comparison: Comparison | None, running: bool) -> str:

@@ -216,3 +216,18 @@ def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served
     monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(adapters))
     assert app.results.served_adapters() == {"e2e-2x"}
     assert list(app.results.e2e_figure(False, tmp_path).data[0].text) == ["e2e-2x"]
+
+
+def test_the_quality_panel_says_what_it_compares_against():
+    """The panel names the full-decoding model and its depth; the E2E note shows only without references."""
+    from app.studio import Comparison
+
+    comparison = Comparison("Why is the sky blue?", "general-3x", "SmolLM2-135M-Instruct", 30, SCHEDULE, 8,
+                            quality={"skipdecode_vs_full": {"bleu": 40.0, "rouge_l": 55.0},
+                                     "token_agreement": {"agreement": 0.5, "prefix": 3},
+                                     "perplexity": {"skipdecode": 2.0, "full": 1.8}, "references": None})
+    panel = views.quality_html(comparison)
+    assert "Compared against full decoding of the same prompt" in panel
+    assert "SmolLM2-135M-Instruct, all 30 layers" in panel and "55.0" in panel
+    assert "Scores against references appear for E2E" in panel
+    assert "appear when both runs have finished" in views.quality_html(None)
