@@ -104,7 +104,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                             if len(studio.labels) > 1 else
                                             "fine-tuned adapters join this list when assets/adapters has them")
                         speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=3, step=0.25,
-                                            label="Target speedup", info=f"average layers per token = {L} / speedup")
+                                            label="Target speedup", info=f"average layers per token = {L} / speedup",
+                                            elem_id="sd-speedup")
                         max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
                                                    label="Max new tokens", elem_id="sd-max-new-tokens")
                         decoding = gr.Radio(["greedy", "sampling"], value="greedy", label="Decoding")

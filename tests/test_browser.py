@@ -78,6 +78,35 @@ def test_run_streams_both_outputs_and_draws_every_plot(page):
     screenshot(page.locator("#sd-layer-plot"), "layer-map.png")
 
 
+SKY = "Explain in one paragraph why the sky is blue."
+
+
+@pytest.mark.parametrize("speedup", [2, 3])
+def test_a_general_prompt_runs_the_general_adapter_against_the_base_model(page, speedup):
+    """What people type: "auto" gives an everyday question the general adapter for the speedup (the base
+    model where none is served), full decoding by the base model beside it, and says so; the answers are
+    the screenshots docs/images/general-<s>x.png."""
+    from skipdecode.adapters import pick_adapter
+
+    info, _ = pick_adapter(float(speedup), None, SKY)
+    page.fill("#sd-prompt textarea", SKY)
+    for field, value in (("#sd-speedup", speedup), ("#sd-max-new-tokens", 96)):
+        box = page.locator(f"{field} input[type=number]")
+        box.fill(str(value))
+        box.press("Enter")
+    page.click("#sd-run")
+    page.wait_for_selector("#sd-quality .sd-empty", timeout=60_000)  # this run's, not the last one's
+    page.wait_for_selector("#sd-quality table", timeout=300_000)
+    status = page.locator("#sd-status").inner_text()
+    assert status.startswith("Done."), status
+    assert f"SkipDecode: {info.name if info else 'SmolLM2-135M-Instruct'}" in status, status
+    assert "full decoding: SmolLM2-135M-Instruct" in status, status
+    quality = page.locator("#sd-quality").inner_text()
+    assert "Compared against full decoding of the same prompt" in quality and "all 30 layers" in quality
+    assert page.locator("#sd-skip-output .sd-token").count() > 20
+    screenshot(page, f"general-{speedup}x.png")
+
+
 def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.get_by_role("tab", name="KV cache").click()
     page.click("#sd-kv-run")
