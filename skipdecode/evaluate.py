@@ -349,11 +349,15 @@ def _cmd_eval(args) -> int:
     prefix = output_prefix(args)
     try:
         return _eval_to(prefix, args)
-    finally:  # a run that failed leaves no empty temporary folder behind
-        folder = prefix.parent
-        if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(TEMP_PREFIX) \
-                and not any(folder.iterdir()):
-            folder.rmdir()
+    finally:
+        drop_empty_temp(prefix.parent)
+
+
+def drop_empty_temp(folder: Path) -> None:
+    """A run that failed leaves no empty temporary folder of its own behind (and touches no other folder)."""
+    if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(TEMP_PREFIX) \
+            and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _eval_to(prefix: Path, args) -> int:

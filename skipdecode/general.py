@@ -431,7 +431,7 @@ E2E_ONLY = ("data", "made_up_names", "compare_adapters", "untrained_skip")
 def cmd_eval(args) -> int:
     """`skipdecode eval --prompts FILE|validation`."""
     from .engine import Engine
-    from .evaluate import write
+    from .evaluate import drop_empty_temp, write
     from .router import is_e2e
 
     given = [f"--{name.replace('_', '-')}" for name in E2E_ONLY if getattr(args, name, None)]
@@ -455,7 +455,12 @@ def cmd_eval(args) -> int:
         print(f"note: the router calls {mrs} of these prompts E2E meaning representations; every row here "
               f"scores them as general prompts", file=sys.stderr)
     prefix, answers_file = results_place(args.prompts, args.out, args.limit, args.adapter, max_new_tokens)
-    rows, outputs = evaluate_prompts(reference, prompts, plan, None, max_new_tokens, args.batch_size, args.horizon)
+    try:
+        rows, outputs = evaluate_prompts(reference, prompts, plan, None, max_new_tokens, args.batch_size,
+                                         args.horizon)
+    except BaseException:  # a run that failed (or was stopped) leaves no empty temporary folder behind
+        drop_empty_temp(prefix.parent)
+        raise
     write(rows, prefix)
     answers_file.parent.mkdir(parents=True, exist_ok=True)
     answers_file.write_text("".join(json.dumps(o) + "\n" for o in outputs), encoding="utf-8")

@@ -185,6 +185,29 @@ def test_e2e_options_are_refused_with_prompts():
         general.cmd_eval(args)
 
 
+def test_a_failed_prompts_eval_leaves_no_empty_temporary_folder(tmp_path, monkeypatch):
+    """As the E2E eval does: a run that fails removes the temporary folder it made, and only that."""
+    import tempfile
+
+    from skipdecode import engine as engine_module
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(engine_module.Engine, "load", classmethod(lambda cls, *a, **k: object()))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(general, "evaluate_prompts", broken)
+    (tmp_path / "keep").mkdir()
+    prompts = tmp_path / "keep" / "one.txt"
+    prompts.write_text("Write a haiku about the sea.\n")
+    parser = __import__("argparse").ArgumentParser()
+    evaluate.register(parser.add_subparsers())
+    with pytest.raises(RuntimeError, match="out of memory"):
+        general.cmd_eval(parser.parse_args(["eval", "--prompts", str(prompts), "--adapter", "none"]))
+    assert [p.name for p in tmp_path.iterdir()] == ["keep"]
+
+
 @pytest.mark.slow
 def test_eval_prompts_command_smoke(tmp_path):
     """The real command on three prompts, 8 new tokens, 1x and 3x: the 1x row is the base model at full
