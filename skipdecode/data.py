@@ -93,14 +93,16 @@ def split_items(items: list[Item], validation_share: float, seed: int) -> tuple[
 SPLIT_FILES = {"train": "trainset.csv", "dev": "devset.csv", "test": "testset_w_refs.csv"}
 
 
-def train_items(data=None, split: str = "train", share: float = VALIDATION_SHARE,
-                seed: int = SPLIT_SEED) -> list[Item]:
-    """The MRs to train on: the official training split (4,862 MRs, none in dev or test), as the paper and
-    the challenge do; or, for comparison with the devset-era adapters, the devset MRs not held out."""
+def training_split(data=None, split: str = "train", share: float = VALIDATION_SHARE,
+                   seed: int = SPLIT_SEED) -> tuple[list[Item], list[Item]]:
+    """(MRs to train on, MRs to validate on). "train": the official training split (4,862 MRs, none in dev
+    or test), as the paper and the challenge do, validated on the devset beside it. "dev", for comparison
+    with the devset-era adapters: the devset MRs not held out, validated on those held out."""
     if split == "train":
-        return read_items(resolve(data, SPLIT_FILES["train"]))
+        folder = Path(data).parent if data and Path(data).is_file() else data
+        return read_items(resolve(data, SPLIT_FILES["train"])), read_items(resolve(folder, SPLIT_FILES["dev"]))
     if split == "dev":
-        return split_items(read_items(resolve(data, SPLIT_FILES["dev"])), share, seed)[0]
+        return split_items(read_items(resolve(data, SPLIT_FILES["dev"])), share, seed)
     raise ValueError(f"training split must be train or dev; got {split!r}")
 
 

@@ -458,12 +458,11 @@ def cmd_eval(args) -> int:
     try:
         rows, outputs = evaluate_prompts(reference, prompts, plan, None, max_new_tokens, args.batch_size,
                                          args.horizon)
-    except BaseException:  # a run that failed (or was stopped) leaves no empty temporary folder behind
+        write(rows, prefix)
+        answers_file.parent.mkdir(parents=True, exist_ok=True)
+        answers_file.write_text("".join(json.dumps(o) + "\n" for o in outputs), encoding="utf-8")
+    finally:
         drop_empty_temp(prefix.parent)
-        raise
-    write(rows, prefix)
-    answers_file.parent.mkdir(parents=True, exist_ok=True)
-    answers_file.write_text("".join(json.dumps(o) + "\n" for o in outputs), encoding="utf-8")
     footer = (f"{len(prompts)} prompts, {max_new_tokens} new tokens, greedy, against the full-depth base model's "
               f"answers; {time.time() - started:.0f} s; results written to {prefix}.csv, .json and {answers_file}")
     if args.json:  # stdout stays one JSON array; the footer goes to stderr

@@ -208,9 +208,10 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
     an epoch is one reference per MR (4,862 MRs, 42,061 references), and the whole devset validates. On the
     devset-era split (`--split dev`) every reference is its own group, as before, and the devset MRs not
     held out train."""
-    from .data import SPLIT_FILES, eval_items, pairs, train_items
+    from .data import pairs, training_split
 
-    items = train_items(config.data, config.split, config.validation_share, config.seed)[: config.limit]
+    items, val_items = training_split(config.data, config.split, config.validation_share, config.seed)
+    items = items[: config.limit]
     if config.complete_refs:
         items = complete_refs(items)
     # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
@@ -218,22 +219,16 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
         from .engine import Engine
         engine = Engine(teacher.model, tokenizer)
         items = teacher_items(engine, items, config.sequence_kd, config.seed)
-    # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
-    val_renamed = 1.0 if config.renamed else 0.0
+    examples = tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed))
     if config.split == "dev":
-        from .data import split_items, read_items, resolve
-
-        train_examples = tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed))[: config.limit]
-        val_items = split_items(read_items(resolve(config.data, SPLIT_FILES["dev"])), config.validation_share,
-                                config.seed)[1]
-        val_pairs = pairs(val_items, val_renamed, config.seed + 1)
-        return [[e] for e in train_examples], tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
-    examples = iter(tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed)))
-    groups = [[next(examples) for _ in item.refs] for item in items]
-    folder = Path(config.data).parent if config.data and Path(config.data).is_file() else config.data
-    dev = eval_items(folder, "dev")  # one reference per MR, spread over the devset's MRs
-    val_pairs = pairs([Item(it.mr, it.refs[:1]) for it in dev[:: max(1, len(dev) // config.validation_examples)]],
-                      val_renamed, config.seed + 1)
+        groups = [[e] for e in examples[: config.limit]]
+    else:  # validation: one reference per MR, spread over the devset's MRs
+        refs = iter(examples)
+        groups = [group for group in ([next(refs) for _ in item.refs] for item in items) if group]
+        every = max(1, len(val_items) // config.validation_examples)
+        val_items = [Item(item.mr, item.refs[:1]) for item in val_items[::every]]
+    # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
+    val_pairs = pairs(val_items, 1.0 if config.renamed else 0.0, config.seed + 1)
     return groups, tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
 
 

@@ -88,13 +88,15 @@ def test_the_training_split_trains_and_the_whole_devset_chooses(tmp_path):
     devset-era split trains on the devset MRs that validation holds out from it, and on nothing else."""
     (tmp_path / "trainset.csv").write_text("mr,ref\n" + "".join(f'"name[T{i}]",T{i} is here.\n' for i in range(30)))
     (tmp_path / "devset.csv").write_text("mr,ref\n" + "".join(f'"name[D{i}]",D{i} is there.\n' for i in range(40)))
-    train = data.train_items(tmp_path)
+    train, dev = data.training_split(tmp_path)
     assert [i.mr for i in train] == [f"name[T{i}]" for i in range(30)]
     assert [i.mr for i in data.eval_items(tmp_path, "dev")] == [f"name[D{i}]" for i in range(40)]
-    devset_era = data.train_items(tmp_path, "dev")
-    assert len(devset_era) == 38 and not set(devset_era) & set(data.eval_items(tmp_path, "validation"))
+    assert dev == data.eval_items(tmp_path, "dev") == data.training_split(tmp_path / "trainset.csv")[1]
+    devset_era, held_out = data.training_split(tmp_path, "dev")
+    assert held_out == data.eval_items(tmp_path, "validation")
+    assert len(devset_era) == 38 and not set(devset_era) & set(held_out)
     with pytest.raises(ValueError, match="training split must be train or dev"):
-        data.train_items(tmp_path, "test")
+        data.training_split(tmp_path, "test")
 
 
 def test_the_whole_devset_scores_only_adapters_that_never_trained_on_it(tmp_path):
