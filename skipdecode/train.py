@@ -13,6 +13,9 @@ baseline), so that training only has to learn to do without the skipped layers; 
 --distill A` adds self-distillation: the loss is (1 - A) x cross-entropy on the reference + A x KL from the
 full-depth model with that adapter, whose whole next-token distribution says more per token than one
 reference does (the student copies the full model, which is what a skip decoder should do).
+`--on-policy SHARE` (GKD) draws that share of the batches from the student itself: it decodes the batch's
+prompts at its own speedup (temperature 1, skipdecode/onpolicy.py) and learns the teacher's KL on those
+answers alone, so it sees, and is corrected after, its own mistakes; the other batches keep their loss.
 
 E2E data (`--split`): the official training split (trainset.csv), one reference per MR an epoch, with
 the whole devset left to validate and choose on, as the paper and the challenge do; `--snapshot-every N`
@@ -44,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import SPLIT_SEED, VALIDATION_SHARE, Item
+from .onpolicy import is_on_policy
 from .prompts import encode_prompt
 from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
 
@@ -69,6 +73,7 @@ class TrainConfig:
     distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
     renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
     sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
+    on_policy: float = 0.0  # share of batches decoded by the student itself and scored by KL to the teacher
     complete_refs: bool = False  # train only on the references that miss the fewest MR values
     rank: int = 8
     alpha: int = 16
@@ -103,7 +108,7 @@ class TrainConfig:
             self.horizon = self.max_answer_tokens if general else E2E_HORIZON
         if self.spread is None:
             self.spread = 1.0 if general else SPREAD
-        if general and self.distill and self.teacher is None:
+        if general and (self.distill or self.on_policy) and self.teacher is None:
             self.teacher = "none"  # the full-depth base model, whose answers are the targets
 
 
@@ -290,8 +295,10 @@ def train(config: TrainConfig) -> dict:
     from .adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
     from .models import load_model
 
-    if not 0 <= config.distill <= 1 or (config.distill > 0) != (config.teacher is not None):
-        raise ValueError("--distill takes a weight in (0, 1] and needs --teacher; --teacher needs --distill")
+    if not 0 <= config.distill <= 1 or not 0 <= config.on_policy <= 1:
+        raise ValueError("--distill takes a weight and --on-policy a share of the batches, both in [0, 1]")
+    if (config.distill > 0 or config.on_policy > 0) != (config.teacher is not None):
+        raise ValueError("--distill and --on-policy need --teacher; --teacher needs --distill or --on-policy")
     if config.sequence_kd and not config.teacher:
         raise ValueError("--sequence-kd trains on the teacher's outputs: it needs --teacher")
     if not 0 <= config.sequence_kd <= 1:
@@ -334,6 +341,12 @@ def train(config: TrainConfig) -> dict:
             config.teacher = adapter_ref(source)
             full = merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
+    sampler = None
+    if config.on_policy:
+        from .onpolicy import StudentSampler
+
+        sampler = StudentSampler(load_model(config.model, device="cpu", dtype="float32").model.to(accelerator.device),
+                                 tokenizer, config.max_answer_tokens)
 
     if config.task == "general":  # targets: the full-depth base model's answers, cached beside the checkpoints
         from .general import training_examples
@@ -369,7 +382,7 @@ def train(config: TrainConfig) -> dict:
         picker.choice(schedules)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def run_batch(examples, schedule, distill=False):
+    def run_batch(examples, schedule, distill: float = 0.0):
         input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
         batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
@@ -379,7 +392,7 @@ def train(config: TrainConfig) -> dict:
             with torch.no_grad():
                 full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
                 teacher_logits = teacher.logits(batch[0], batch[1], full.to(accelerator.device), batch[3])
-            return model(*batch, teacher_logits=teacher_logits, distill=config.distill)
+            return model(*batch, teacher_logits=teacher_logits, distill=distill)
 
     def validation_loss():
         model.eval()
@@ -411,15 +424,19 @@ def train(config: TrainConfig) -> dict:
             examples, schedule = next(stream), picker.choice(schedules)
             if micro % accelerator.num_processes != accelerator.process_index:
                 continue
+            own = sampler is not None and is_on_policy(step, config.on_policy)
+            if own:  # the student's own answers, scored by the teacher's KL alone
+                sampler.refresh(accelerator.unwrap_model(model).model)
+                examples = sampler.sample(examples, schedule, seed=config.seed + step)
             with accelerator.accumulate(model):
-                loss = run_batch(examples, schedule, distill=True)
+                loss = run_batch(examples, schedule, 1.0 if own else config.distill)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
         step += 1
         record = {"step": step, "loss": round(loss.item(), 4), "lr": scheduler.get_last_lr()[0],
-                  "layers": round(schedule.average_budget(), 2)}
+                  "layers": round(schedule.average_budget(), 2), **({"on_policy": True} if own else {})}
         if step % config.eval_every == 0 or step == config.steps:
             record["val_loss"] = round(validation_loss(), 4)
         history.append(record)
@@ -475,6 +492,8 @@ def finish_adapter(folder: Path) -> None:
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the target + {c['distill']:g} x KL from"
                     f" {_teacher_words(c['teacher'])} (self-distillation)." if c.get("distill") else "",
+                    f" {c['on_policy']:.0%} of the batches are the student's own answers (temperature 1, at its"
+                    f" speedup), scored by that KL alone (on-policy distillation)." if c.get("on_policy") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
                     f" Targets: the teacher's greedy outputs, not the references (sequence-level"
@@ -571,6 +590,10 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint-dir", default=defaults.checkpoint_dir)
     p.add_argument("--sequence-kd", type=float, nargs="?", const=1.0, default=0.0, metavar="SHARE",
                    help="train on the --teacher's greedy outputs instead of the references (a SHARE of them)")
+    p.add_argument("--on-policy", type=float, default=0.0, metavar="SHARE",
+                   help="that share of the batches: the student decodes the prompts itself (temperature 1) and "
+                        "learns the --teacher's KL on its own answers (on-policy distillation; general: the base "
+                        "model is the default teacher)")
     p.add_argument("--complete-refs", action="store_true",
                    help="train only on each MR's references that leave out the fewest of its values")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")

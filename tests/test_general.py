@@ -306,3 +306,46 @@ def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="--renamed .* are E2E options"):
         training.train(config("bad", renamed=0.5))
+
+
+def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_models_kl(pool, tmp_path, monkeypatch):
+    """`--on-policy 0.5`: every other batch the student decodes the prompts itself, and those steps' loss
+    is the KL to the full-depth base model alone (no cross-entropy on its own answers); the teacher
+    defaults to the base model, and the card says what was done."""
+    from skipdecode import onpolicy
+    from skipdecode import train as training
+
+    model = str(tiny_checkpoint(tmp_path / "tiny"))
+    drawn = []
+    sample = onpolicy.StudentSampler.sample
+
+    def spy(self, examples, schedule, seed):
+        out = sample(self, examples, schedule, seed)
+        drawn.append((examples, out))
+        return out
+
+    monkeypatch.setattr(onpolicy.StudentSampler, "sample", spy)
+    weights = []  # the KL weight of every forward pass given teacher logits
+    forward = training.SkipLM.forward
+
+    def weighed(self, *args, teacher_logits=None, distill=0.0):
+        if teacher_logits is not None:
+            weights.append(distill)
+        return forward(self, *args, teacher_logits=teacher_logits, distill=distill)
+
+    monkeypatch.setattr(training.SkipLM, "forward", weighed)
+    config = training.TrainConfig(out=str(tmp_path / "gkd"), task="general", model=model, speedups=[2.0], limit=4,
+                                  batch_size=4, steps=4, on_policy=0.5, rank=8, alpha=16, max_answer_tokens=10,
+                                  validation_examples=4, eval_every=100, checkpoint_dir=str(tmp_path / "checkpoints"),
+                                  precision="fp32")
+    summary = training.train(config)
+    assert [bool(h.get("on_policy")) for h in summary["history"]] == [False, True, False, True]
+    assert summary["config"]["teacher"] == "none" and len(drawn) == 2
+    assert weights == [1.0, 1.0]  # only the student's batches see the teacher, and only its KL
+    for examples, out in drawn:  # same prompts, the student's own answers of up to 10 tokens
+        assert [p for p, _ in out] == [p for p, _ in examples]
+        assert all(1 <= len(ids) <= 10 for _, ids in out)
+        assert [ids for _, ids in out] != [t for _, t in examples]
+    assert "own answers" in (tmp_path / "gkd" / "README.md").read_text()
+    with pytest.raises(ValueError, match="--on-policy a share"):
+        training.train(training.TrainConfig(out=str(tmp_path / "bad"), task="general", model=model, on_policy=1.5))

@@ -258,3 +258,47 @@ def test_a_run_on_the_training_split_snapshots_each_epoch_and_validates_on_the_d
     check_held_out([("SkipDecode", snapshot, 3.0), ("SkipDecode", read_adapter(tmp_path / "run"), 3.0)], "dev")
     engine = Engine.load(None, adapter=snapshot)
     assert engine.generate(["name[Strada], eatType[pub]"], for_speedup(3, 30, 32), max_new_tokens=4).token_ids[0]
+
+
+def test_the_student_sampler_decodes_the_adapter_as_it_stands():
+    """On-policy distillation draws the student's answers with the engine on base + LoRA delta: the same
+    tokens as an engine on the merged model, before and after the LoRA weights move."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from skipdecode.onpolicy import StudentSampler
+
+    peft_model = get_peft_model(tiny_model("llama", layers=4),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    sampler = StudentSampler(tiny_model("llama", layers=4), IdTokenizer(), max_new_tokens=8)
+    schedule = Schedule(4, 3, 2, warmup=1, horizon=6)
+    prompts = [([1, 5, 9, 33, 7], []), ([1, 40, 41], [])]
+
+    def merged_greedy():
+        merged = copy.deepcopy(peft_model).merge_and_unload()
+        return Engine(merged, IdTokenizer()).generate([p for p, _ in prompts], schedule, 8).token_ids
+
+    seen = []
+    for scale in (0.0, 0.5):
+        with torch.no_grad():
+            for name, p in peft_model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, scale)
+        sampler.refresh(peft_model)
+        sampler.temperature = 0.0  # greedy, to compare token for token
+        drawn = sampler.sample(prompts, schedule, seed=0)
+        assert [ids for _, ids in drawn] == merged_greedy()
+        assert [p for p, _ in drawn] == [p for p, _ in prompts]
+        seen.append(drawn)
+    assert seen[0] != seen[1]  # the second refresh took the moved weights
+    sampler.temperature = 1.0
+    assert sampler.sample(prompts, schedule, seed=3) == sampler.sample(prompts, schedule, seed=3)  # seeded
+
+
+def test_on_policy_batches_are_that_share_spread_evenly():
+    from skipdecode.onpolicy import is_on_policy
+
+    assert [is_on_policy(s, 0.25) for s in range(8)] == [False, False, False, True] * 2
+    assert sum(is_on_policy(s, 0.5) for s in range(600)) == 300
+    assert not any(is_on_policy(s, 0.0) for s in range(50)) and all(is_on_policy(s, 1.0) for s in range(50))
