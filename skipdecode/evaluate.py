@@ -154,13 +154,14 @@ def decode(engine, items: list[Item], schedule, batch_size: int, max_new_tokens:
     return outputs, decode_ms / max(decoded, 1), layers / max(tokens, 1), tokens
 
 
-def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool):
-    """(label, adapter or None, speedup) for each row of the table."""
+def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, untrained: bool = True):
+    """(label, adapter or None, speedup) for each row of the table; `untrained=False` leaves out the
+    untrained 1x row, the same in every run on one split (scoring each snapshot of a run needs it once)."""
     from .adapters import adapter_for, available_adapters, find_adapter
 
     forced = find_adapter(adapter) if adapter else None
     pick = (lambda s: forced) if forced else adapter_for
-    rows = [("untrained", None, 1.0)]
+    rows = [("untrained", None, 1.0)] if untrained else []
     for s in sorted(set(speedups) | {1.0}):
         label = "fine-tuned" if s == 1.0 else "SkipDecode"
         if s != 1.0 or pick(1.0) is not None:
@@ -214,7 +215,7 @@ def _check_lineage(info, split: str, share: float, seen: set) -> None:
 
 
 def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
-             horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, model=None,
+             horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, untrained=True, model=None,
              outputs_path: Path | None = None, split: str = "test", made_up_names: bool = False,
              validation_share: float = VALIDATION_SHARE) -> list[Row]:
     from tqdm.auto import tqdm
@@ -223,7 +224,7 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
     from .adapters import trained_schedule
 
     items = load_items(data, split, made_up_names, limit, validation_share)
-    plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip)
+    plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip, untrained)
     check_held_out(plan, split, validation_share)
     engines, rows, all_outputs = {}, [], {}
     bar = tqdm(total=len(plan) * len(items), desc="eval", unit="mr")
@@ -298,6 +299,8 @@ def register(subparsers) -> None:
     p.add_argument("--adapter", default=None, help="adapter name or path for every fine-tuned row")
     p.add_argument("--compare-adapters", action="store_true", help="also every other adapter trained for a speedup")
     p.add_argument("--untrained-skip", action="store_true", help="also the untrained model at each speedup")
+    p.add_argument("--no-untrained", action="store_true",
+                   help="leave out the untrained 1x row (the same in every run on a split: once is enough)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (with --prompts 96)")
     p.add_argument("--horizon", type=int, default=None, help="default: the adapter's training horizon")
@@ -365,7 +368,7 @@ def _eval_to(prefix: Path, args) -> int:
     rows = evaluate(args.data, [float(s) for s in args.speedups.split(",")], limit=args.limit,
                     adapter=args.adapter, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     horizon=args.horizon, compare_adapters=args.compare_adapters,
-                    untrained_skip=args.untrained_skip, model=args.model,
+                    untrained_skip=args.untrained_skip, untrained=not args.no_untrained, model=args.model,
                     outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"), split=args.split,
                     made_up_names=args.made_up_names, validation_share=args.validation_share)
     write(rows, prefix)

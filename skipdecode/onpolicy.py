@@ -43,6 +43,7 @@ class StudentSampler:
         self.engine: Engine | None = None
 
     def refresh(self, peft_model) -> None:
+        self.engine = None  # the old engine's fused and packed copies go before the new one's are made
         for name, weight in merged_weights(peft_model).items():
             self.model.get_submodule(name).weight.data = weight
         self.engine = Engine(self.model, self.tokenizer)

@@ -265,6 +265,14 @@ def test_eval_command_json_rows(tmp_path):
     assert all((folder / name).exists() for name in ("e2e.csv", "e2e.json", "e2e-outputs.jsonl", "e2e-human.json"))
 
 
+def test_no_untrained_leaves_out_only_the_untrained_row():
+    from skipdecode.evaluate import plan_rows
+
+    whole = plan_rows([1, 3], None, compare_adapters=False, untrained_skip=False)
+    assert whole[0] == ("untrained", None, 1.0)
+    assert plan_rows([1, 3], None, False, False, untrained=False) == whole[1:]
+
+
 def test_only_the_projects_own_full_runs_write_to_assets_results():
     from skipdecode.evaluate import RESULTS_DIR, VALIDATION_DIR, default_prefix
 
