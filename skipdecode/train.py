@@ -493,7 +493,8 @@ def finish_adapter(folder: Path) -> None:
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the target + {c['distill']:g} x KL from"
                     f" {_teacher_words(c['teacher'])} (self-distillation)." if c.get("distill") else "",
                     f" {c['on_policy']:.0%} of the batches are the student's own answers (temperature 1, at its"
-                    f" speedup), scored by that KL alone (on-policy distillation)." if c.get("on_policy") else "",
+                    f" speedup), scored by the KL from {_teacher_words(c['teacher'])} alone (on-policy distillation)."
+                    if c.get("on_policy") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
                     f" Targets: the teacher's greedy outputs, not the references (sequence-level"
