@@ -47,7 +47,6 @@ EVAL_TOKENS = 96
 EVAL_SPEEDUPS = "1,2,3,5"
 ANSWER_TOKENS = 160  # training targets: chat answers of 100-200 tokens, not E2E's 32
 GENERAL_SPREAD = 1.0  # the base model without an adapter runs a constant budget here, the general default
-TARGETS_CHUNK = 64  # prompts answered between two appends to the targets cache
 
 
 # ---- prompts ----------------------------------------------------------------------------------
@@ -185,34 +184,14 @@ def targets_file(folder, engine, max_new_tokens: int) -> Path:
 
 def reference_answers(engine, prompts: list[str], max_new_tokens: int, batch_size: int = 16,
                       cache: Path | None = None) -> dict[str, list[int]]:
-    """prompt -> the token ids of the engine's full-depth greedy answer. With `cache`, the answers already
-    in that JSON-lines file are read, not generated again, and each new chunk of answers is appended as it
-    is done, so that a run stopped halfway, or the next run on the same prompts, starts from there."""
-    from tqdm.auto import tqdm
+    """prompt -> the token ids of the engine's full-depth greedy answer; with `cache`, kept in that JSON-lines
+    file (answer_cache), so that a run stopped halfway, or the next run on the same prompts, starts from there."""
+    from .answer_cache import cached_answers
 
-    known: dict[str, list[int]] = {}
-    if cache is not None and Path(cache).exists():
-        for line in Path(cache).read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-                known[row["prompt"]] = row["token_ids"]
-            except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short by a stopped run
-                continue
-    missing = [p for p in dict.fromkeys(prompts) if p not in known]
-    if missing:
-        if cache is not None:
-            Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(total=len(missing), desc="full-depth answers", unit="prompt")
-        for start in range(0, len(missing), TARGETS_CHUNK):
-            chunk = missing[start:start + TARGETS_CHUNK]
-            done = answer(engine, chunk, None, max_new_tokens, batch_size, bar)
-            known.update(zip(chunk, done.token_ids))
-            if cache is not None:
-                with open(cache, "a", encoding="utf-8") as handle:
-                    handle.writelines(json.dumps({"prompt": p, "token_ids": ids}) + "\n"
-                                      for p, ids in zip(chunk, done.token_ids))
-        bar.close()
-    return {p: known[p] for p in prompts}
+    def answer_chunk(chunk, bar):
+        return answer(engine, chunk, None, max_new_tokens, batch_size, bar).token_ids
+
+    return cached_answers(prompts, answer_chunk, cache, "prompt", "token_ids", "full-depth answers")
 
 
 def training_examples(tokenizer, model=None, data=None, limit: int | None = None,

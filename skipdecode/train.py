@@ -35,6 +35,7 @@ machines (Accelerator places the model, shards the batches and syncs gradients).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -174,19 +175,40 @@ class SkipLM(torch.nn.Module):
 
 # ---- data -------------------------------------------------------------------------------------
 def teacher_items(engine, items: list[Item], share: float = 1.0, seed: int = 0, batch_size: int = 16,
-                  max_new_tokens: int = 64) -> list[Item]:
+                  max_new_tokens: int = 64, cache: Path | None = None) -> list[Item]:
     """Sequence-level distillation (Kim and Rush, 2016): each reference of an MR replaced, with probability
     `share`, by the full-depth teacher's greedy output for it. Why: the skip adapters' n-gram precision on
     the test set matched the 1x model's; their whole BLEU gap was brevity. Trained on eight differing
     references per MR, a student with a third of the layers settles on the short ones and drops facts; one
     target per MR, the one the full model would write, leaves nothing to hedge between. A share below 1
-    keeps some of the human wording too. The MR keeps its number of examples."""
+    keeps some of the human wording too. The MR keeps its number of examples. With `cache`, the teacher's
+    outputs are kept in that file (answer_cache): a resumed run, or the next one with this teacher, reads them."""
+    from .answer_cache import cached_answers
     from .evaluate import decode
 
-    outputs, *_ = decode(engine, items, Schedule.full(engine.num_layers), batch_size, max_new_tokens)
+    by_mr = {it.mr: it for it in items}
+
+    def answer_chunk(mrs, bar):
+        return decode(engine, [by_mr[m] for m in mrs], Schedule.full(engine.num_layers), batch_size, max_new_tokens,
+                      bar)[0]
+
+    outputs = cached_answers([it.mr for it in items], answer_chunk, cache, "mr", "output", "teacher outputs")
     rng = random.Random(seed)
-    return [Item(it.mr, tuple(out if out and rng.random() < share else ref for ref in it.refs))
-            for it, out in zip(items, outputs)]
+    return [Item(it.mr, tuple(outputs[it.mr] if outputs[it.mr] and rng.random() < share else ref for ref in it.refs))
+            for it in items]
+
+
+def teacher_cache(folder, teacher: str, max_new_tokens: int = 64) -> Path | None:
+    """Where the E2E teacher's outputs are kept: named by a digest of its adapter's weights, so that an
+    adapter retrained at the same path never reads the outputs of the one before (none for the base model,
+    whose E2E outputs no recipe trains on)."""
+    from .adapters import NONE, find_adapter
+
+    if teacher.lower() in NONE:
+        return None
+    weights = find_adapter(teacher).path / "adapter_model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
+    return Path(folder) / f"teacher-outputs-{digest}-{max_new_tokens}tokens.jsonl"
 
 
 def complete_refs(items: list[Item]) -> list[Item]:
@@ -223,7 +245,8 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
     if config.sequence_kd:
         from .engine import Engine
         engine = Engine(teacher.model, tokenizer)
-        items = teacher_items(engine, items, config.sequence_kd, config.seed)
+        items = teacher_items(engine, items, config.sequence_kd, config.seed,
+                              cache=teacher_cache(config.checkpoint_dir, config.teacher))
     examples = tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed))
     if config.split == "dev":
         groups = [[e] for e in examples[: config.limit]]

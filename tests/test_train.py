@@ -1,5 +1,8 @@
 """Skip-aware training follows exactly the layer plan of decoding, and it learns."""
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -144,6 +147,44 @@ def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
         alone = engine.generate([item.prompt], Schedule.full(engine.num_layers), max_new_tokens=12).texts[0]
         assert new.mr == item.mr and new.refs == (alone.strip(),) * len(item.refs)
         assert alone.strip() not in item.refs
+
+
+def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(engine, tmp_path, monkeypatch):
+    """With a cache file, the teacher's outputs are written as they are decoded; the next call reads them
+    (even after a line cut short by a stopped run) and decodes nothing, with the same targets."""
+    from skipdecode import evaluate
+    from skipdecode.data import Item
+    from skipdecode.train import teacher_items
+
+    items = [Item("name[The Eagle], eatType[pub]", ("r1", "r2")), Item("name[Strada], area[riverside]", ("r",))]
+    cache = tmp_path / "teacher-outputs.jsonl"
+    first = teacher_items(engine, items, batch_size=2, max_new_tokens=8, cache=cache)
+    assert first == teacher_items(engine, items, batch_size=2, max_new_tokens=8)  # the same as uncached
+    assert [json.loads(line)["mr"] for line in cache.read_text().splitlines()] == [it.mr for it in items]
+    with open(cache, "a") as handle:
+        handle.write('{"mr": "name[cut')
+    monkeypatch.setattr(evaluate, "decode", lambda *a, **k: pytest.fail("decoded again"))
+    assert teacher_items(engine, items, batch_size=2, max_new_tokens=8, cache=cache) == first
+
+
+def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
+    """Retrained at the same path, a teacher gets a new file; the same weights elsewhere, the same file; the
+    base model as teacher, none."""
+    from skipdecode.train import teacher_cache
+
+    adapter = tmp_path / "one"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "skipdecode.json").write_text('{"speedups": [1], "base_model": "m"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    first = teacher_cache(tmp_path / "ck", str(adapter))
+    assert first.parent == tmp_path / "ck" and first.name.endswith("-64tokens.jsonl")
+    copy = tmp_path / "copy"
+    shutil.copytree(adapter, copy)
+    assert teacher_cache(tmp_path / "ck", str(copy)) == first
+    (adapter / "adapter_model.safetensors").write_bytes(b"retrained")
+    assert teacher_cache(tmp_path / "ck", str(adapter)) != first
+    assert teacher_cache(tmp_path / "ck", "none") is None
 
 
 def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
