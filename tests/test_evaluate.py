@@ -366,6 +366,19 @@ def test_eval_refuses_a_validation_share_the_adapters_trained_on():
     assert done.returncode != 0 and "--validation-share must be between 0 and 1; got 1.5" in done.stderr
 
 
+def test_slot_misses_count_each_value_a_row_leaves_out():
+    """scripts/slot_misses.py: per row, which attributes' values the outputs miss, by eval's matcher."""
+    spec = importlib.util.spec_from_file_location("slot_misses", ROOT / "scripts" / "slot_misses.py")
+    slot_misses = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(slot_misses)
+    lines = [{"mr": "name[Aromi], eatType[pub], customer rating[low]", "full": "Aromi is a pub with a low rating.",
+              "skip": "Aromi is a pub."},
+             {"mr": "name[Strada], area[riverside]", "full": "Strada is by the riverside.", "skip": "Strada is nice."}]
+    counts = slot_misses.misses(lines)
+    assert counts["full"]["(slots)"] == 5 and sum(counts["full"].values()) == 5  # nothing missed
+    assert counts["skip"] == {"(slots)": 5, "customer rating": 1, "area": 1, "name": 0, "eatType": 0}
+
+
 def test_paired_bootstrap_tells_a_real_gain_from_a_tie(tmp_path):
     spec = importlib.util.spec_from_file_location("significance", ROOT / "scripts" / "significance.py")
     significance = importlib.util.module_from_spec(spec)

@@ -1,0 +1,51 @@
+"""Which MR slots each row of an E2E eval leaves out: the slot error rate broken down by attribute.
+
+    python scripts/slot_misses.py docs/results/e2e-dev-3x-A-outputs.jsonl [more outputs files]
+
+Reads the `-outputs.jsonl` files `skipdecode eval` writes (one line per MR: the MR and each row's output)
+and counts, per row, the MR values its outputs miss, by the same matcher `eval` scores slot errors with.
+Why: a slot error rate says how often facts drop, not which; a skipping model drops some attributes
+far more often than others, and that decides what to train on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from skipdecode.data import Item
+from skipdecode.evaluate import slot_realized
+
+
+def misses(lines: list[dict]) -> dict[str, Counter]:
+    """row -> Counter(attribute -> MRs whose output misses that attribute's value); key "(slots)" counts
+    every attribute the MRs hold, the denominator."""
+    counts: dict[str, Counter] = {}
+    for line in lines:
+        slots = Item(line["mr"], ()).slots
+        for row, output in line.items():
+            if row == "mr":
+                continue
+            count = counts.setdefault(row, Counter())
+            for key, value in slots.items():
+                count["(slots)"] += 1
+                count[key] += not slot_realized(key, value, output)
+    return counts
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("outputs", nargs="+", type=Path)
+    args = p.parse_args(argv)
+    for path in args.outputs:
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for row, count in misses(lines).items():
+            total = count.pop("(slots)")
+            worst = ", ".join(f"{key} {n}" for key, n in count.most_common() if n)
+            print(f"{path.name} | {row}: {sum(count.values())} of {total} values missed ({worst or 'none'})")
+
+
+if __name__ == "__main__":
+    main()
