@@ -16,22 +16,18 @@ from collections import Counter
 from pathlib import Path
 
 from skipdecode.data import Item
-from skipdecode.evaluate import slot_realized
+from skipdecode.evaluate import slot_misses
 
 
 def misses(lines: list[dict]) -> dict[str, Counter]:
-    """row -> Counter(attribute -> MRs whose output misses that attribute's value); key "(slots)" counts
-    every attribute the MRs hold, the denominator."""
-    counts: dict[str, Counter] = {}
-    for line in lines:
-        slots = Item(line["mr"], ()).slots
-        for row, output in line.items():
-            if row == "mr":
-                continue
-            count = counts.setdefault(row, Counter())
-            for key, value in slots.items():
-                count["(slots)"] += 1
-                count[key] += not slot_realized(key, value, output)
+    """row -> Counter(attribute -> MRs whose output misses that attribute's value), by eval's `slot_misses`;
+    key "(slots)" counts every attribute the MRs hold, the denominator."""
+    items = [Item(line["mr"], ()) for line in lines]
+    counts = {}
+    for row in (r for r in lines[0] if r != "mr"):  # eval writes the same rows on every line
+        missed, total = slot_misses(items, [line[row] for line in lines])
+        missed["(slots)"] = total
+        counts[row] = missed
     return counts
 
 
