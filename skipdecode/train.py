@@ -174,8 +174,11 @@ class SkipLM(torch.nn.Module):
 
 
 # ---- data -------------------------------------------------------------------------------------
+TEACHER_TOKENS = 64  # the teacher's E2E outputs: one sentence or two; the cache file is named by it
+
+
 def teacher_items(engine, items: list[Item], share: float = 1.0, seed: int = 0, batch_size: int = 16,
-                  max_new_tokens: int = 64, cache: Path | None = None) -> list[Item]:
+                  max_new_tokens: int = TEACHER_TOKENS, cache: Path | None = None) -> list[Item]:
     """Sequence-level distillation (Kim and Rush, 2016): each reference of an MR replaced, with probability
     `share`, by the full-depth teacher's greedy output for it. Why: the skip adapters' n-gram precision on
     the test set matched the 1x model's; their whole BLEU gap was brevity. Trained on eight differing
@@ -198,7 +201,7 @@ def teacher_items(engine, items: list[Item], share: float = 1.0, seed: int = 0, 
             for it in items]
 
 
-def teacher_cache(folder, teacher: str, max_new_tokens: int = 64) -> Path | None:
+def teacher_cache(folder, teacher: str, max_new_tokens: int = TEACHER_TOKENS) -> Path | None:
     """Where the E2E teacher's outputs are kept: named by a digest of its adapter's weights, so that an
     adapter retrained at the same path never reads the outputs of the one before (none for the base model,
     whose E2E outputs no recipe trains on)."""
