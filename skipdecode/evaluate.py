@@ -162,13 +162,17 @@ def decode(engine, items: list[Item], schedule, batch_size: int, max_new_tokens:
     return outputs, decode_ms / max(decoded, 1), layers / max(tokens, 1), tokens
 
 
-def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, untrained: bool = True):
+def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, untrained: bool = True,
+              baseline=None):
     """(label, adapter or None, speedup) for each row of the table; `untrained=False` leaves out the
-    untrained 1x row, the same in every run on one split (scoring each snapshot of a run needs it once)."""
+    untrained 1x row, the same in every run on one split (scoring each snapshot of a run needs it once).
+    `baseline` names the fine-tuned 1x row's adapter, the decode-speedup reference: an adapter trained for
+    3x only, forced by `adapter`, writes on past the end at full depth, so its own 1x row means nothing."""
     from .adapters import adapter_for, available_adapters, find_adapter
 
     forced = find_adapter(adapter) if adapter else None
-    pick = (lambda s: forced) if forced else adapter_for
+    full = find_adapter(baseline) if baseline else None
+    pick = lambda s: full if s == 1.0 and full else forced if forced else adapter_for(s)  # noqa: E731
     rows = [("untrained", None, 1.0)] if untrained else []
     for s in sorted(set(speedups) | {1.0}):
         label = "fine-tuned" if s == 1.0 else "SkipDecode"
@@ -225,14 +229,14 @@ def _check_lineage(info, split: str, share: float, seen: set) -> None:
 def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
              horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, untrained=True, model=None,
              outputs_path: Path | None = None, split: str = "test", made_up_names: bool = False,
-             validation_share: float = VALIDATION_SHARE) -> list[Row]:
+             validation_share: float = VALIDATION_SHARE, baseline=None) -> list[Row]:
     from tqdm.auto import tqdm
 
     from .engine import Engine
     from .adapters import trained_schedule
 
     items = load_items(data, split, made_up_names, limit, validation_share)
-    plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip, untrained)
+    plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip, untrained, baseline)
     check_held_out(plan, split, validation_share)
     engines, rows, all_outputs = {}, [], {}
     bar = tqdm(total=len(plan) * len(items), desc="eval", unit="mr")
@@ -253,9 +257,9 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
         if key not in keys[i + 1:]:  # free a merged model no later row needs (eleven held 12 GB)
             del engines[key], engine
     bar.close()
-    baseline = next((r for r in rows if r.row == "fine-tuned 1x"), rows[0])
+    reference = next((r for r in rows if r.row == "fine-tuned 1x"), rows[0])
     for r in rows:
-        r.decode_speedup = baseline.ms_per_token / r.ms_per_token
+        r.decode_speedup = reference.ms_per_token / r.ms_per_token
     if outputs_path is not None:
         Path(outputs_path).parent.mkdir(parents=True, exist_ok=True)
         with open(outputs_path, "w") as handle:
@@ -305,6 +309,9 @@ def register(subparsers) -> None:
     p.add_argument("--speedups", default=None, help="comma list (default 1,2,3,4,5; with --prompts 1,2,3,5)")
     p.add_argument("--limit", type=int, default=None, help="first N distinct MRs only")
     p.add_argument("--adapter", default=None, help="adapter name or path for every fine-tuned row")
+    p.add_argument("--baseline", default=None, metavar="ADAPTER",
+                   help="adapter name or path for the fine-tuned 1x row, the decode-speedup reference (default: "
+                        "--adapter, or the served 1x); for an --adapter trained only at 2x-5x")
     p.add_argument("--compare-adapters", action="store_true", help="also every other adapter trained for a speedup")
     p.add_argument("--untrained-skip", action="store_true", help="also the untrained model at each speedup")
     p.add_argument("--no-untrained", action="store_true",
@@ -378,7 +385,8 @@ def _eval_to(prefix: Path, args) -> int:
                     horizon=args.horizon, compare_adapters=args.compare_adapters,
                     untrained_skip=args.untrained_skip, untrained=not args.no_untrained, model=args.model,
                     outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"), split=args.split,
-                    made_up_names=args.made_up_names, validation_share=args.validation_share)
+                    made_up_names=args.made_up_names, validation_share=args.validation_share,
+                    baseline=args.baseline)
     write(rows, prefix)
     human = human_scores(load_items(args.data, args.split, args.made_up_names, args.limit, args.validation_share))
     prefix.with_name(prefix.name + "-human.json").write_text(json.dumps({k: round(v, 3) for k, v in human.items()}))
