@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -368,10 +369,13 @@ def test_eval_on_held_out_mrs_with_made_up_names(tmp_path):
     assert len(decoded) == 2 and all(parse_mr(d["mr"])["name"] not in devset_names for d in decoded)
 
 
-def test_eval_refuses_a_validation_share_the_adapters_trained_on():
+def test_eval_refuses_a_validation_share_the_adapters_trained_on(tmp_path):
+    fake_adapter(tmp_path, "devset-1x", [1])  # devset-era (no split recorded), 5% of the devset held out
+    env = {**os.environ, adapters.ADAPTERS_ENV: str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
-                           "0.2", "--speedups", "1", "--limit", "1"], capture_output=True, text=True, timeout=600)
-    assert done.returncode != 0 and "adapter e2e-1x held out other devset MRs" in done.stderr
+                           "0.2", "--speedups", "1", "--limit", "1"], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode != 0 and "adapter devset-1x held out other devset MRs" in done.stderr
     assert "Traceback" not in done.stderr
     done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
                            "1.5"], capture_output=True, text=True, timeout=600)
