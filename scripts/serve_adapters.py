@@ -1,0 +1,63 @@
+"""Put trained runs in the served set under the names the app and the CLI use.
+
+    python scripts/serve_adapters.py checkpoints/runs/e2e-train-1x=e2e-1x checkpoints/runs/e2e-train-3x-B=e2e-3x
+
+Copies each RUN folder to `assets/adapters/NAME` (replacing what was there), rewrites the runs' records of
+the adapters they started or distilled from (`init`, `teacher`) from a run's path to its served name where
+that run is served in the same call, and writes the model card again under the new name. Why: a run
+records its ancestors by absolute path on the machine that trained it; served, the lineage must read by
+name on any clone (eval's held-out check follows it), and the card must name what the app serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from skipdecode.adapters import adapters_dir
+from skipdecode.train import finish_adapter
+
+FILES = ("adapter_config.json", "adapter_model.safetensors", "skipdecode.json")
+
+
+def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Path]:
+    """Copy each (run, name) into the adapters folder; returns the served folders."""
+    folder = folder or adapters_dir()
+    names = {Path(run).resolve(): name for run, name in pairs}
+    served = []
+    for run, name in pairs:
+        dest = folder / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        for file in FILES:
+            shutil.copy2(Path(run) / file, dest / file)
+        meta = json.loads((dest / "skipdecode.json").read_text())
+        for key in ("init", "teacher"):
+            ancestor = meta["config"].get(key)
+            if ancestor and Path(ancestor).resolve() in names:
+                meta["config"][key] = names[Path(ancestor).resolve()]
+        (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
+        finish_adapter(dest)
+        served.append(dest)
+    return served
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pairs", nargs="+", metavar="RUN=NAME")
+    args = parser.parse_args()
+    pairs = []
+    for pair in args.pairs:
+        run, sep, name = pair.partition("=")
+        if not sep or not name or not (Path(run) / "skipdecode.json").exists():
+            parser.error(f"{pair!r}: expected RUN=NAME, RUN a trained adapter folder")
+        pairs.append((Path(run), name))
+    for dest in serve(pairs):
+        print(f"served {dest}")
+
+
+if __name__ == "__main__":
+    main()
