@@ -37,8 +37,8 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         meta = json.loads((dest / "skipdecode.json").read_text())
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)
-            if ancestor and Path(ancestor).resolve() in names:
-                meta["config"][key] = names[Path(ancestor).resolve()]
+            if ancestor:
+                meta["config"][key] = names.get(Path(ancestor).resolve(), ancestor)
         (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
         finish_adapter(dest)
         served.append(dest)

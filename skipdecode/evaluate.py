@@ -172,7 +172,12 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, u
 
     forced = find_adapter(adapter) if adapter else None
     full = find_adapter(baseline) if baseline else None
-    pick = lambda s: full if s == 1.0 and full else forced if forced else adapter_for(s)  # noqa: E731
+
+    def pick(speedup):
+        if speedup == 1.0 and full:
+            return full
+        return forced or adapter_for(speedup)
+
     rows = [("untrained", None, 1.0)] if untrained else []
     for s in sorted(set(speedups) | {1.0}):
         label = "fine-tuned" if s == 1.0 else "SkipDecode"
