@@ -71,7 +71,7 @@ def test_run_streams_both_outputs_and_draws_every_plot(page):
         assert all(w in text for w in words), (plot, text)
     status = page.locator("#sd-status").inner_text()
     assert "batch #" in status and "interleaved" in status and re.search(r"over \d+ positions", status)
-    assert "SkipDecode: e2e-3x" in status and "full decoding: e2e-1x" in status  # auto: the adapters made for them
+    assert "SkipDecode: e2e-all" in status and "full decoding: e2e-1x" in status  # auto: the adapters made for them
     quality = page.locator("#sd-quality").inner_text()
     assert "E2E references" in quality and "perplexity" in quality
     screenshot(page, "compare.png")

@@ -278,12 +278,12 @@ def test_baseline_names_the_full_depth_rows_adapter():
     from skipdecode.adapters import find_adapter
     from skipdecode.evaluate import plan_rows
 
-    one, three = find_adapter("e2e-1x"), find_adapter("e2e-3x")
-    assert plan_rows([3], "e2e-3x", False, False, untrained=False) == [("fine-tuned", three, 1.0),
-                                                                      ("SkipDecode", three, 3.0)]
-    assert plan_rows([3], "e2e-3x", False, False, untrained=False, baseline="e2e-1x") == [
-        ("fine-tuned", one, 1.0), ("SkipDecode", three, 3.0)]
-    assert plan_rows([2, 3], None, False, False, untrained=False, baseline="e2e-3x")[0] == ("fine-tuned", three, 1.0)
+    one, five = find_adapter("e2e-1x"), find_adapter("e2e-5x")
+    assert plan_rows([5], "e2e-5x", False, False, untrained=False) == [("fine-tuned", five, 1.0),
+                                                                      ("SkipDecode", five, 5.0)]
+    assert plan_rows([5], "e2e-5x", False, False, untrained=False, baseline="e2e-1x") == [
+        ("fine-tuned", one, 1.0), ("SkipDecode", five, 5.0)]
+    assert plan_rows([2, 5], None, False, False, untrained=False, baseline="e2e-5x")[0] == ("fine-tuned", five, 1.0)
 
 
 def test_only_the_projects_own_full_runs_write_to_assets_results():

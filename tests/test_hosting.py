@@ -156,7 +156,7 @@ def test_preload_loads_every_configured_model_but_auto(caplog):
             raise ValueError("adapter 'broken' does not fit")
 
     models = [ModelChoice(AUTO), ModelChoice("base"), ModelChoice("broken", adapter="broken"),
-              ModelChoice("e2e-3x", adapter="e2e-3x")]
+              ModelChoice("e2e-all", adapter="e2e-all")]
     gpu.preload(types.SimpleNamespace(models=models, engine=engine))
     assert loaded == models[1:]  # a model that fails to load leaves the others loading, and is logged
     assert "broken failed to load: adapter 'broken' does not fit" in caplog.text
@@ -303,8 +303,8 @@ def test_merging_a_shipped_adapter_looks_nothing_up(unreachable_hub, caplog, cap
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        engine = Engine.load(adapter="e2e-3x")
-    assert engine.adapter.name == "e2e-3x"
+        engine = Engine.load(adapter="e2e-all")
+    assert engine.adapter.name == "e2e-all"
     assert unreachable_hub == [] and network_messages(caught, caplog, capfd) == []
 
 

@@ -143,7 +143,7 @@ def test_the_size_budget_is_checked(tmp_path, monkeypatch):
 def test_lfs_patterns_match_like_git():
     lfs = publish_space.lfs_patterns()
     assert {"*.safetensors", "*.png", "*.jpg", "*.bin", "*.gguf", "*.pt"} <= set(lfs)
-    assert publish_space.is_lfs("assets/adapters/e2e-3x/adapter_model.safetensors", lfs)
+    assert publish_space.is_lfs("assets/adapters/e2e-1x/adapter_model.safetensors", lfs)
     assert publish_space.is_lfs("saved_model/variables/data", lfs) and publish_space.is_lfs("saved_model/x", lfs)
     assert not publish_space.is_lfs("app/studio.py", lfs) and not publish_space.is_lfs("safetensors.md", lfs)
 

@@ -65,7 +65,8 @@ def fake(folder, name, speedups, task=None, base="SmolLM2-135M-Instruct"):
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    """An adapters folder with the four E2E adapters as shipped (no task recorded: E2E)."""
+    """An adapters folder with four single-speedup E2E adapters, as shipped before the one-for-all (no task
+    recorded: E2E)."""
     monkeypatch.setenv(adapters.ADAPTERS_ENV, str(tmp_path))
     for s in (1, 2, 3, 5):
         fake(tmp_path, f"e2e-{s}x", [s])
@@ -77,6 +78,9 @@ def test_an_mr_gets_the_e2e_adapters_as_before(folder):
                                                    "e2e-3x: an E2E meaning representation at 3x")
     assert adapters.adapter_for(1, prompt=INSTRUCTION + MR).name == "e2e-1x"
     assert adapters.adapter_for(4, prompt=MR).name in ("e2e-3x", "e2e-5x")  # nearest, as before
+    assert adapters.pick_adapter(4.5, prompt=MR) == (adapters.find_adapter("e2e-5x"), "e2e-5x: an E2E meaning "
+                                                     "representation at 4.5x, the nearest adapter, trained for 5x "
+                                                     "only: expect worse text")
     assert adapters.adapter_for(3).name == "e2e-3x"  # no prompt: the E2E task (the E2E evaluation)
     assert adapters.pick_adapter(3)[1] == "e2e-3x: the E2E task at 3x"
     fake(folder, "general-3x", [3], task="general")

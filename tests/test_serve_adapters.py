@@ -21,24 +21,24 @@ def _script():
 
 def test_served_runs_name_their_ancestors_by_served_name(tmp_path):
     runs, served = tmp_path / "runs", tmp_path / "adapters"
-    for shipped, run in (("e2e-1x", "one"), ("e2e-3x", "three")):
+    for shipped, run in (("e2e-1x", "one"), ("e2e-all", "all")):
         shutil.copytree(adapters.find_adapter(shipped).path, runs / run)
-    record = runs / "three" / "skipdecode.json"
+    record = runs / "all" / "skipdecode.json"
     meta = json.loads(record.read_text())
     meta["config"].update(init=str(runs / "one"), teacher=str(runs / "one"))
     record.write_text(json.dumps(meta))
     outside = "/elsewhere/e2e-train-1x"  # a run not served in this call keeps its path
-    _script().serve([(runs / "one", "e2e-1x"), (runs / "three", "e2e-3x")], served)
-    three = adapters.read_adapter(served / "e2e-3x")
-    assert three.config["init"] == three.config["teacher"] == "e2e-1x"
-    assert "# e2e-3x: skip-aware LoRA" in (served / "e2e-3x" / "README.md").read_text()
-    assert "Started from the adapter `e2e-1x`" in (served / "e2e-3x" / "README.md").read_text()
-    weights = load_file(served / "e2e-3x" / "adapter_model.safetensors")
-    assert all(torch_equal(weights[k], v) for k, v in load_file(runs / "three" / "adapter_model.safetensors").items())
+    _script().serve([(runs / "one", "e2e-1x"), (runs / "all", "e2e-all")], served)
+    served_all = adapters.read_adapter(served / "e2e-all")
+    assert served_all.config["init"] == served_all.config["teacher"] == "e2e-1x"
+    assert "# e2e-all: skip-aware LoRA" in (served / "e2e-all" / "README.md").read_text()
+    assert "Started from the adapter `e2e-1x`" in (served / "e2e-all" / "README.md").read_text()
+    weights = load_file(served / "e2e-all" / "adapter_model.safetensors")
+    assert all(torch_equal(weights[k], v) for k, v in load_file(runs / "all" / "adapter_model.safetensors").items())
     meta["config"].update(init=outside)
     record.write_text(json.dumps(meta))
-    _script().serve([(runs / "three", "e2e-3x")], served)
-    assert adapters.read_adapter(served / "e2e-3x").config["init"] == outside
+    _script().serve([(runs / "all", "e2e-all")], served)
+    assert adapters.read_adapter(served / "e2e-all").config["init"] == outside
 
 
 def torch_equal(a, b) -> bool:
