@@ -191,9 +191,9 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
             # ---- Results ------------------------------------------------------------------------
             with gr.Tab("Results", id="results"):
                 gr.Markdown("Measured results from `assets/results/`, exactly as the commands wrote them. The E2E "
-                            "plot draws the adapters this app serves as a frontier; the same run also measured "
-                            "experiment adapters that are no longer served: they are in the table, after the "
-                            "served rows, and on the plot when the box is ticked.")
+                            "plot draws the adapters this app serves as a frontier. Where the same run also measured "
+                            "experiment adapters that are not served, they are in the table, after the served "
+                            "rows, and on the plot when the box below is ticked.")
                 e2e_note = gr.Markdown()
                 show_experiments = gr.Checkbox(False, label="show experiment adapters", elem_id="sd-show-experiments",
                                                info="grey points; hover one for its name")
@@ -226,7 +226,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         batch_measure.click(cb.throughput, [batch_prompts, model, batch_speedup, batch_tokens],
                             [throughput_plot, throughput_table], api_visibility="private",
                             concurrency_limit=concurrency, concurrency_id="decode")
-        result_outputs = [e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot]
+        result_outputs = [show_experiments, e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot]
         demo.load(cb.results, None, result_outputs, api_visibility="private", queue=False)
         refresh.click(cb.results, None, result_outputs, api_visibility="private", queue=False).then(
             results.e2e_figure, [show_experiments], [e2e_plot], api_visibility="private", queue=False)
