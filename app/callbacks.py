@@ -193,10 +193,10 @@ class Callbacks:
     def results(self):
         """Each table with its plot when the file exists; otherwise only the message saying it is missing.
         The box that adds the experiment adapters shows only when the E2E table has some."""
-        e2e = load_table("e2e").frame
-        experiments = e2e is not None and "served" in e2e and bool((~e2e["served"]).any())
+        e2e = load_table("e2e")
+        experiments = e2e.frame is not None and bool((plots.e2e_kinds(e2e.frame) == "experiment").any())
         shown = [gr.Checkbox(visible=experiments)]
-        pairs = ((load_table("e2e"), plots.quality_speed_figure),
+        pairs = ((e2e, plots.quality_speed_figure),
                  (load_table("bench"), lambda frame: plots.house_style(speed_figure(frame))))
         for table, figure in pairs:
             present = table.frame is not None

@@ -1,6 +1,7 @@
 """Put trained runs in the served set under the names the app and the CLI use.
 
-    python scripts/serve_adapters.py checkpoints/runs/e2e-train-1x=e2e-1x checkpoints/runs/e2e-train-3x-B=e2e-3x
+    python scripts/serve_adapters.py checkpoints/runs/e2e-train-1x=e2e-1x checkpoints/runs/e2e-train-all=e2e-all \
+        checkpoints/runs/e2e-train-5x=e2e-5x
 
 Copies each RUN folder to `assets/adapters/NAME` (replacing what was there), rewrites the runs' records of
 the adapters they started or distilled from (`init`, `teacher`) from a run's path to its served name where
