@@ -79,15 +79,17 @@ class Callbacks:
         self.studio = studio
 
     # ---- Compare ----------------------------------------------------------------------------
-    def preview(self, model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode):
-        """The schedule the settings describe, before anything runs (no model call)."""
+    def preview(self, model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode,
+                prompt=None):
+        """The schedule the settings describe for this prompt, before anything runs (no model call)."""
         engine = self.studio.engine()  # every configured model shares the base's layers
         try:
             with user_errors():
                 settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
                                          min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay,
                                          mode=mode)
-                choice = self.studio.choice(model, speedup)
+                choice = self.studio.choice(model, speedup, prompt)
+                settings = self.studio.run_settings(settings, model, choice)
                 schedule = settings.schedule(engine.num_layers, choice.horizon, self.studio.limits, choice.spread)
                 steps = max(int(settings.max_new_tokens) - 1, 1)
         except gr.Error as error:
@@ -98,6 +100,9 @@ class Callbacks:
         note = (f"Average **{average:.1f} of {engine.num_layers} layers** per generated token over "
                 f"{steps} positions: {engine.num_layers / average:.2f}× fewer layers "
                 f"(this warm-up allows up to {limit:.0f}×).")
+        if not manual and settings.speedup != float(speedup):
+            note += (f" For this prompt \"auto\" runs {choice.adapter} at {settings.speedup:g}×, the nearest speedup "
+                     f"it was trained for.")
         return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,

@@ -206,8 +206,9 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                 refresh = gr.Button("Reload results", size="sm")
 
         # ---- wiring ---------------------------------------------------------------------------------
-        schedule_inputs = [model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode]
-        for control in schedule_inputs[1:]:
+        schedule_inputs = [model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode,
+                           prompt]  # the prompt: "auto" picks by it, and may run another speedup
+        for control in schedule_inputs:
             control.change(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private",
                            show_progress="hidden", queue=False)
         demo.load(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private", queue=False)

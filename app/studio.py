@@ -18,14 +18,14 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
 
 from skipdecode import quality
-from skipdecode.adapters import same_base
+from skipdecode.adapters import run_speedup, same_base
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.engine import Engine
 from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL, dtype_name
@@ -52,6 +52,7 @@ class ModelChoice:
     adapter: str | None = None  # a fine-tuned adapter's name (None: base weights)
     horizon: int | None = None  # the horizon the adapter was trained with: the default for decoding with it
     spread: float = SPREAD  # its max budget / average budget (1 = constant): the speedup's shape it learned
+    speedups: tuple[float, ...] = ()  # the speedups it was trained for: "auto" runs it at the nearest
 
 
 def base_model() -> str:
@@ -89,7 +90,7 @@ def configured_models(model: str | None = None) -> list[ModelChoice]:
     model = model or base_model()
     adapters = [a for a in readable_adapters() if same_base(a.base_model, model)]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
-                           a.name, a.config.get("horizon"), a.spread) for a in adapters]
+                           a.name, a.config.get("horizon"), a.spread, a.speedups) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)
     return [ModelChoice(AUTO), base, *choices] if choices else [base]
 
@@ -463,10 +464,19 @@ class Studio:
     def _setup(self, settings: Settings, model: str | None,
                prompt: str | None = None) -> tuple[ModelChoice, Engine, Schedule, Sampling, str]:
         choice, why = self.pick(model, settings.speedup, prompt)
+        settings = self.run_settings(settings, model, choice)
         sampling = settings.sampler(self.limits)
         engine = self.engine(choice)
         schedule = settings.schedule(engine.num_layers, choice.horizon, self.limits, choice.spread)
         return choice, engine, schedule, sampling, why
+
+    @staticmethod
+    def run_settings(settings: Settings, model: str | None, choice: ModelChoice) -> Settings:
+        """The settings a run uses: "auto" decodes an adapter at the nearest speedup it was trained for (the
+        reason `pick` gives says so); a model chosen by name runs the speedup asked, as an experiment."""
+        if model != AUTO or settings.manual_budgets:
+            return settings
+        return replace(settings, speedup=run_speedup(choice, _number("speedup", settings.speedup)))
 
     def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
         choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))

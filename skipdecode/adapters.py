@@ -106,11 +106,13 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
 
     The router decides the task. An E2E prompt (and no prompt at all, the E2E evaluation's case) gets an
     E2E adapter: one trained for that speedup alone, else a one-for-all adapter trained for it too, else
-    the one trained nearest to it (a one-for-all one by its nearest speedup, not its range: at 4x neither
-    served E2E adapter holds up, docs/e2e-train-split.md). A general prompt gets the base model itself at
-    1x (the full-depth reference is the model people know, not one tuned on restaurants), else a general
-    adapter trained for that speedup or a one-for-all one whose range holds it, else the base model: never
-    an E2E adapter.
+    the one trained nearest to it (a one-for-all one by its nearest speedup, not its range). A general
+    prompt gets the base model itself at 1x (the full-depth reference is the model people know, not one
+    tuned on restaurants), else a general adapter trained for that speedup or a one-for-all one whose
+    range holds it, else the base model: never an E2E adapter.
+    At a speedup the picked adapter was not trained for, the app and `generate` decode at the speedup
+    `run_speedup` gives (the reason says so): at 4x the served E2E adapters score BLEU 14-18 (devset and
+    test set, docs/e2e-train-split.md), at their own speedups 64-65. `eval` scores the speedup asked.
     `speedup` None means hand-set budgets: a one-for-all adapter of the task. `task` ("e2e" or "general")
     stands for the router's verdict where the kind is known without a prompt (`eval --prompts`)."""
     from .models import DEFAULT_MODEL
@@ -135,16 +137,25 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
         if speedup is None:
             return (0, 0, 0, info.name)
         exact = speedup in info.speedups
-        return (not (exact and not info.one_for_all), not exact, min(abs(s - speedup) for s in info.speedups),
+        return (not (exact and not info.one_for_all), not exact, abs(run_speedup(info, speedup) - speedup),
                 info.name)
 
     picked = min(candidates, key=rank)
     if speedup is None or speedup in picked.speedups:
         return picked, f"{picked.name}: {what} at {at}"
-    # A constant-budget adapter is tied to its layer sets: at 4x the E2E ones score BLEU 14-18 (devset and
-    # test set, docs/e2e-train-split.md), so an untrained speedup is said, not hidden.
-    trained = ", ".join(f"{s:g}x" for s in picked.speedups)
-    return picked, f"{picked.name}: {what} at {at}, the nearest adapter, trained for {trained} only: expect worse text"
+    return picked, (f"{picked.name}: {what} at {run_speedup(picked, speedup):g}x, the nearest speedup an adapter "
+                    f"was trained for ({at} asked: an adapter holds up only at the speedups it was trained for)")
+
+
+def run_speedup(info, speedup: float | None) -> float | None:
+    """The speedup to decode at with `info` (anything with the `speedups` it was trained for: an adapter,
+    an app's model choice) when `speedup` is asked for: the nearest one it was trained for (between two,
+    the lower: more layers); as asked without an adapter or for hand-set budgets (None). A constant-budget
+    adapter learns its own layer sets, not skipping in general, so between its speedups it falls apart
+    (docs/e2e-train-split.md, 4x)."""
+    if info is None or not info.speedups or speedup is None or speedup in info.speedups:
+        return speedup
+    return min(info.speedups, key=lambda s: (abs(s - speedup), s))
 
 
 # Tasks whose adapters decode in float32 whatever "auto" says: in bfloat16 the E2E test BLEU of e2e-1x fell

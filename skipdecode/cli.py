@@ -82,12 +82,15 @@ def spans(layers) -> str:
 
 
 def cmd_generate(args) -> int:
+    from .adapters import run_speedup
     from .engine import Engine
     from .sampling import Sampling
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     adapter, why = default_adapter(args)
     print(f"[adapter] {why}", file=sys.stderr)
+    if args.adapter is None and args.speedup is not None:  # picked for us: run where it was trained
+        args.speedup = run_speedup(adapter, args.speedup)
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
     schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens, engine.adapter)
     live = not args.json and len(args.prompt) == 1

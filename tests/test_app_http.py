@@ -135,6 +135,13 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
     three, two = (studio.choice(AUTO, s) for s in (3.0, 2.0))
     assert Settings(speedup=3.0).schedule(30, three.horizon, spread=three.spread).min_budget == 10
     assert Settings(speedup=3.0).schedule(30, two.horizon, spread=two.spread).min_budget == 5
+    # Between the speedups it was trained for, "auto" runs an adapter at the nearest one (its reason says so);
+    # a model chosen by name, or budgets set by hand, run what was asked.
+    asked = Settings(speedup=3.25)
+    assert studio.run_settings(asked, AUTO, studio.choice(AUTO, 3.25)).speedup == 3.0
+    assert "3.25x asked" in studio.pick(AUTO, 3.25)[1]
+    assert studio.run_settings(asked, three.label, three).speedup == 3.25
+    assert studio.run_settings(Settings(speedup=3.25, manual_budgets=True), AUTO, three).speedup == 3.25
     with pytest.raises(ValueError, match="unknown model"):
         studio.choice("/etc/passwd")
 
@@ -143,8 +150,9 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
 def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline():
     """With the shipped adapters, "auto" runs SkipDecode with the adapter made for its speedup and full
     decoding with the one made for 1x, as the paper compares; the full side is that adapter's own decoding."""
+    from app.callbacks import Callbacks
     from app.studio import AUTO, Settings, Studio, configured_models
-    from skipdecode.adapters import adapter_for
+    from skipdecode.adapters import adapter_for, run_speedup
     from skipdecode.batcher import Batcher
     from skipdecode.engine import Engine
 
@@ -160,6 +168,13 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     assert done.to_dict()["full_model"] == done.full_model and done.quality["perplexity"]["full"] > 0
     assert done.why == (f"{skip_adapter.name}: an E2E meaning representation at 3x",
                         f"{full_adapter.name}: an E2E meaning representation at 1x")
+    # At a speedup no adapter was trained for, the nearest one it was (4x: 5x or 3x), the run and the page agree.
+    *_, done = studio.compare(prompt, Settings(speedup=4.0, max_new_tokens=6), AUTO)
+    ran = run_speedup(adapter_for(4.0, prompt=prompt), 4.0)
+    assert ran in (3, 5) and f"at {ran:g}x, the nearest speedup" in done.why[0] and "(4x asked" in done.why[0]
+    assert done.schedule.average_budget() == pytest.approx(30 / ran, rel=0.05)
+    note = Callbacks(studio).preview(AUTO, 4.0, 6, False, 20, 6, 2, 0, "linear", "skip", prompt)[1]
+    assert f"runs {done.model.split()[0]} at {ran:g}×" in note
 
     # Any other prompt: never an E2E adapter; full decoding is the base model itself, and the page says why.
     general = "Explain in one paragraph why the sky is blue."
