@@ -124,7 +124,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         decay = gr.Dropdown(list(DECAYS), value="linear", label="Decay")
                         mode = gr.Radio(list(MODES), value="skip", label="Mode",
                                         info="skip: warm-up + top layers; early_exit: bottom layers only")
-                    schedule_note = gr.Markdown()
+                    schedule_note = gr.Markdown(elem_id="sd-schedule-note")
                 with gr.Accordion("Sampling", open=False):
                     with gr.Row():
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")

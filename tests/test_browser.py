@@ -107,6 +107,31 @@ def test_a_general_prompt_runs_the_general_adapter_against_the_base_model(page, 
     screenshot(page, f"general-{speedup}x.png")
 
 
+def test_between_trained_speedups_the_preview_names_the_speedup_auto_runs(page):
+    """The slider moves in steps of 0.25; no served E2E adapter is trained for 4x, so "auto" runs the nearest
+    trained speedup, and the schedule preview says so before anything runs (for a general prompt it does not)."""
+    from skipdecode.adapters import pick_adapter, run_speedup
+
+    info, _ = pick_adapter(4.0, None, PROMPT)
+    if info is None or 4.0 in info.speedups:
+        pytest.skip("needs served E2E adapters none of which is trained for 4x")
+    box = page.locator("#sd-speedup input[type=number]")
+    accordion = page.get_by_text("Schedule (advanced)")
+    accordion.click()  # where the preview lives
+    for prompt, named in ((PROMPT, True), (SKY, False), (PROMPT, True)):
+        page.fill("#sd-prompt textarea", prompt)
+        box.fill("4")
+        box.press("Enter")
+        note = page.locator("#sd-schedule-note")
+        note.get_by_text("fewer layers").wait_for(timeout=30_000)
+        expected = f"runs {info.name} at {run_speedup(info, 4.0):g}×"
+        page.wait_for_function("([el, text, named]) => el.innerText.includes(text) === named",
+                               arg=[note.element_handle(), expected, named], timeout=30_000)
+    box.fill("3")
+    box.press("Enter")
+    accordion.click()
+
+
 def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.get_by_role("tab", name="KV cache").click()
     page.click("#sd-kv-run")
