@@ -88,8 +88,7 @@ class Callbacks:
                 settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
                                          min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay,
                                          mode=mode)
-                choice = self.studio.choice(model, speedup, prompt)
-                settings = self.studio.run_settings(settings, model, choice)
+                choice, _, settings = self.studio.resolve(settings, model, prompt)
                 schedule = settings.schedule(engine.num_layers, choice.horizon, self.studio.limits, choice.spread)
                 steps = max(int(settings.max_new_tokens) - 1, 1)
         except gr.Error as error:

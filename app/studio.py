@@ -463,12 +463,18 @@ class Studio:
 
     def _setup(self, settings: Settings, model: str | None,
                prompt: str | None = None) -> tuple[ModelChoice, Engine, Schedule, Sampling, str]:
-        choice, why = self.pick(model, settings.speedup, prompt)
-        settings = self.run_settings(settings, model, choice)
+        choice, why, settings = self.resolve(settings, model, prompt)
         sampling = settings.sampler(self.limits)
         engine = self.engine(choice)
         schedule = settings.schedule(engine.num_layers, choice.horizon, self.limits, choice.spread)
         return choice, engine, schedule, sampling, why
+
+    def resolve(self, settings: Settings, model: str | None,
+                prompt: str | None = None) -> tuple[ModelChoice, str, Settings]:
+        """The model that runs these settings for this prompt, why (`pick`), and the settings it runs
+        (`run_settings`): what a run and the schedule preview both use, before any engine is loaded."""
+        choice, why = self.pick(model, settings.speedup, prompt)
+        return choice, why, self.run_settings(settings, model, choice)
 
     @staticmethod
     def run_settings(settings: Settings, model: str | None, choice: ModelChoice) -> Settings:
