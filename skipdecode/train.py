@@ -16,6 +16,7 @@ reference does (the student copies the full model, which is what a skip decoder 
 `--on-policy SHARE` (GKD) draws that share of the batches from the student itself: it decodes the batch's
 prompts at its own speedup (temperature 1, skipdecode/onpolicy.py) and learns the teacher's KL on those
 answers alone, so it sees, and is corrected after, its own mistakes; the other batches keep their loss.
+`--unlikelihood W` adds W x token-level unlikelihood (Welleck et al., 2020) against loops: see unlikelihood_loss.
 
 E2E data (`--split`): the official training split (trainset.csv), one reference per MR an epoch, with
 the whole devset left to validate and choose on, as the paper and the challenge do; `--snapshot-every N`
@@ -75,6 +76,7 @@ class TrainConfig:
     renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
     sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
     on_policy: float = 0.0  # share of batches decoded by the student itself and scored by KL to the teacher
+    unlikelihood: float = 0.0  # weight of the token-level unlikelihood loss on the target's earlier tokens
     complete_refs: bool = False  # train only on the references that miss the fewest MR values
     rank: int = 8
     alpha: int = 16
@@ -163,14 +165,38 @@ class SkipLM(torch.nn.Module):
         h = self.hidden(input_ids, lengths, runs)
         return self.lm_head(h[labels >= 0]).float()
 
-    def forward(self, input_ids, lengths, runs, labels, teacher_logits=None, distill: float = 0.0):
-        logits = self.logits(input_ids, lengths, runs, labels)
-        loss = F.cross_entropy(logits, labels[labels >= 0])
-        if teacher_logits is None or distill == 0:
-            return loss
-        kl = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(teacher_logits.float(), -1), log_target=True,
-                      reduction="batchmean")
-        return (1 - distill) * loss + distill * kl
+    def forward(self, input_ids, lengths, runs, labels, teacher_logits=None, distill: float = 0.0,
+                unlikelihood: float = 0.0):
+        log_probs = F.log_softmax(self.logits(input_ids, lengths, runs, labels), -1)
+        loss = F.nll_loss(log_probs, labels[labels >= 0])
+        if teacher_logits is not None and distill:
+            kl = F.kl_div(log_probs, F.log_softmax(teacher_logits.float(), -1), log_target=True, reduction="batchmean")
+            loss = (1 - distill) * loss + distill * kl
+        if unlikelihood:
+            loss = loss + unlikelihood * unlikelihood_loss(log_probs, labels)
+        return loss
+
+
+def unlikelihood_loss(log_probs, labels):
+    """Token-level unlikelihood (Welleck et al., 2020): at each target position, -log(1 - p(c)) summed over
+    the distinct tokens c that occurred earlier in the same target and are not the one due there; the mean
+    over target positions. Why: teacher forcing rewards a student that predicts by copying what the answer
+    already said, and a student with a third of the layers leans on copying until it loops; the full-depth
+    teacher finds a loop predictable, so its KL does not push back (candidate C). The prompt's tokens are
+    not candidates: an answer rightly reuses the words of its question.
+    `log_probs` holds the target positions of `labels` (>= 0), row after row."""
+    total, start = log_probs.new_zeros(()), 0
+    for row in labels:
+        target = row[row >= 0]
+        n = len(target)
+        earlier = log_probs[start:start + n][:, target]  # [j, i]: log p at position j of the token due at i
+        start += n
+        same = target[:, None] == target[None, :]
+        first = ~same.tril(-1).any(1)  # target[i] did not occur before i
+        candidate = torch.ones_like(same).tril(-1) & first[None, :] & ~same  # i < j, counted once, not target[j]
+        p = earlier.exp().clamp(max=1 - 1e-6)
+        total = total - (torch.log1p(-p) * candidate).sum()
+    return total / len(log_probs)
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -329,6 +355,8 @@ def train(config: TrainConfig) -> dict:
         raise ValueError("--sequence-kd trains on the teacher's outputs: it needs --teacher")
     if not 0 <= config.sequence_kd <= 1:
         raise ValueError(f"--sequence-kd is a share of the references, in [0, 1]; got {config.sequence_kd}")
+    if config.unlikelihood < 0:
+        raise ValueError(f"--unlikelihood is a loss weight, >= 0; got {config.unlikelihood}")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
     if config.task == "general" and (config.sequence_kd or config.renamed or config.complete_refs):
@@ -408,17 +436,17 @@ def train(config: TrainConfig) -> dict:
         picker.choice(schedules)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def run_batch(examples, schedule, distill: float = 0.0):
+    def run_batch(examples, schedule, distill: float = 0.0, unlikelihood: float = 0.0):
         input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
         batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
         with accelerator.autocast():
             if not (distill and teacher is not None):
-                return model(*batch)
+                return model(*batch, unlikelihood=unlikelihood)
             with torch.no_grad():
                 full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
                 teacher_logits = teacher.logits(batch[0], batch[1], full.to(accelerator.device), batch[3])
-            return model(*batch, teacher_logits=teacher_logits, distill=distill)
+            return model(*batch, teacher_logits=teacher_logits, distill=distill, unlikelihood=unlikelihood)
 
     def validation_loss():
         model.eval()
@@ -455,7 +483,7 @@ def train(config: TrainConfig) -> dict:
                 sampler.refresh(accelerator.unwrap_model(model).model)
                 examples = sampler.sample(examples, schedule, seed=config.seed + step)
             with accelerator.accumulate(model):
-                loss = run_batch(examples, schedule, 1.0 if own else config.distill)
+                loss = run_batch(examples, schedule, 1.0 if own else config.distill, config.unlikelihood)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -521,6 +549,8 @@ def finish_adapter(folder: Path) -> None:
                     f" {c['on_policy']:.0%} of the batches are the student's own answers (temperature 1, at its"
                     f" speedup), scored by the KL from {_teacher_words(c['teacher'])} alone (on-policy distillation)."
                     if c.get("on_policy") else "",
+                    f" Plus {c['unlikelihood']:g} x token-level unlikelihood on the tokens the target already"
+                    f" used (Welleck et al., 2020), against loops." if c.get("unlikelihood") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
                     f" Targets: the teacher's greedy outputs, not the references (sequence-level"
@@ -621,6 +651,10 @@ def register(subparsers) -> None:
                    help="that share of the batches: the student decodes the prompts itself (temperature 1) and "
                         "learns the --teacher's KL on its own answers (on-policy distillation; general: the base "
                         "model is the default teacher)")
+    p.add_argument("--unlikelihood", type=float, default=0.0, metavar="W",
+                   help="add W x token-level unlikelihood (Welleck et al. 2020): probability on the tokens the target "
+                        "already used, other than the one due, is pushed down, against loops (validation loss "
+                        "leaves it out)")
     p.add_argument("--complete-refs", action="store_true",
                    help="train only on each MR's references that leave out the fewest of its values")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")

@@ -66,6 +66,52 @@ def test_a_few_steps_lower_the_loss():
     assert losses[-1] < 0.7 * losses[0]
 
 
+def test_unlikelihood_counts_each_earlier_token_of_the_target_once_and_never_the_one_due():
+    from skipdecode.train import unlikelihood_loss
+
+    torch.manual_seed(0)
+    labels = torch.tensor([[-100, 3, 4, 3, 5], [-100, -100, 1, 1, -100]])  # targets [3, 4, 3, 5] and [1, 1]
+    log_probs = torch.randn(6, 6).log_softmax(-1)  # the six target positions, row after row
+
+    def ul(j, token):
+        return -torch.log1p(-log_probs[j, token].exp())
+
+    # [3 4 3 5]: at 4, {3}; at the second 3, {4} (3 is due); at 5, {3, 4}, 3 once; [1 1]: at the second 1, none
+    expected = (ul(1, 3) + ul(2, 4) + ul(3, 3) + ul(3, 4)) / 6
+    assert torch.allclose(unlikelihood_loss(log_probs, labels), expected)
+    assert unlikelihood_loss(log_probs, torch.tensor([[-100, 1, 2, 3, 4, 5]])[:, :6]) > 0
+    assert unlikelihood_loss(log_probs[:2], torch.tensor([[-100, 2, 2]])) == 0  # a repeat that is due is no candidate
+
+
+def test_unlikelihood_training_moves_probability_off_tokens_the_answer_already_used():
+    """One prompt, two answers that agree up to the third token: one repeats its first token there, the
+    other says something new. Cross-entropy alone splits the third token between them; with the term, the
+    repeat, a token the answer already used, keeps less."""
+    from peft import LoraConfig, get_peft_model
+
+    examples = [([1, 30], [40, 50, 40, 2]), ([1, 30], [40, 50, 60, 2])] * 4
+    input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad_id=0)
+    runs = layer_plan(Schedule(4, 4, 2, warmup=1, horizon=3), prompt_lens, fed_back, input_ids.shape[1])
+
+    def repeat_probability(weight):
+        torch.manual_seed(0)
+        lm = SkipLM(get_peft_model(tiny_model("llama", layers=4),
+                                   LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"])))
+        optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=5e-3)
+        for _ in range(30):
+            lm(input_ids, lengths, runs, labels, unlikelihood=weight).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        with torch.no_grad():
+            third = lm.logits(input_ids[:1], lengths[:1], runs[:1], labels[:1]).softmax(-1)[2]
+        return third[40].item(), third[60].item()
+
+    repeat, new = repeat_probability(0.0)
+    assert abs(repeat - new) < 0.1 and repeat + new > 0.6  # cross-entropy alone: an even split
+    repeat, new = repeat_probability(1.0)
+    assert repeat < 0.7 * new
+
+
 def test_distillation_pulls_the_skipping_student_toward_the_full_teacher():
     """The KL term is zero when the student already is the teacher, and a few steps with it move a
     skipping student's predictions toward the full-depth model's."""
