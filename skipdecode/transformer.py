@@ -62,8 +62,12 @@ def _(x, weight, bias):
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """oneDNN packs float32 on any x86 CPU, bfloat16 only where it has the instructions for it (AVX-512
+    BW/VL/DQ or AVX-NE-CONVERT): elsewhere, an AMD EPYC without AVX-512 for one, bfloat16 runs F.linear."""
+    if not (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @dataclass

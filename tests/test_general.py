@@ -328,10 +328,10 @@ def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_model
     weights = []  # the KL weight of every forward pass given teacher logits
     forward = training.SkipLM.forward
 
-    def weighed(self, *args, teacher_logits=None, distill=0.0):
+    def weighed(self, *args, teacher_logits=None, distill=0.0, **kwargs):
         if teacher_logits is not None:
             weights.append(distill)
-        return forward(self, *args, teacher_logits=teacher_logits, distill=distill)
+        return forward(self, *args, teacher_logits=teacher_logits, distill=distill, **kwargs)
 
     monkeypatch.setattr(training.SkipLM, "forward", weighed)
     config = training.TrainConfig(out=str(tmp_path / "gkd"), task="general", model=model, speedups=[2.0], limit=4,
