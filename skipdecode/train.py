@@ -17,6 +17,8 @@ reference does (the student copies the full model, which is what a skip decoder 
 prompts at its own speedup (temperature 1, skipdecode/onpolicy.py) and learns the teacher's KL on those
 answers alone, so it sees, and is corrected after, its own mistakes; the other batches keep their loss.
 `--unlikelihood W` adds W x token-level unlikelihood (Welleck et al., 2020) against loops: see unlikelihood_loss.
+`--sequence-unlikelihood SHARE` is their sequence level: that share of the batches are the student's own
+greedy answers, and the loss on them pushes down every token of a 4-gram the answer already said.
 
 E2E data (`--split`): the official training split (trainset.csv), one reference per MR an epoch, with
 the whole devset left to validate and choose on, as the paper and the challenge do; `--snapshot-every N`
@@ -77,6 +79,7 @@ class TrainConfig:
     sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
     on_policy: float = 0.0  # share of batches decoded by the student itself and scored by KL to the teacher
     unlikelihood: float = 0.0  # weight of the token-level unlikelihood loss on the target's earlier tokens
+    sequence_unlikelihood: float = 0.0  # share of batches: the student's greedy answers, unlikelihood on their repeats
     complete_refs: bool = False  # train only on the references that miss the fewest MR values
     rank: int = 8
     alpha: int = 16
@@ -166,8 +169,12 @@ class SkipLM(torch.nn.Module):
         return self.lm_head(h[labels >= 0]).float()
 
     def forward(self, input_ids, lengths, runs, labels, teacher_logits=None, distill: float = 0.0,
-                unlikelihood: float = 0.0):
+                unlikelihood: float = 0.0, repeats: bool = False):
+        """Cross-entropy on the labels (mixed with the teacher's KL, plus token-level unlikelihood); with
+        `repeats`, the labels are the student's own answers and the loss is sequence-level unlikelihood."""
         log_probs = F.log_softmax(self.logits(input_ids, lengths, runs, labels), -1)
+        if repeats:
+            return sequence_unlikelihood_loss(log_probs, labels)
         loss = F.nll_loss(log_probs, labels[labels >= 0])
         if teacher_logits is not None and distill:
             kl = F.kl_div(log_probs, F.log_softmax(teacher_logits.float(), -1), log_target=True, reduction="batchmean")
@@ -196,6 +203,36 @@ def unlikelihood_loss(log_probs, labels):
         candidate = torch.ones_like(same).tril(-1) & first[None, :] & ~same  # i < j, counted once, not target[j]
         p = earlier.exp().clamp(max=1 - 1e-6)
         total = total - (torch.log1p(-p) * candidate).sum()
+    return total / len(log_probs)
+
+
+REPEAT_NGRAM = 4  # Welleck et al.'s sequence level: a token is penalized inside a repeated 4-gram
+
+
+def repeated_ngrams(tokens: list[int], n: int = REPEAT_NGRAM) -> list[bool]:
+    """Marks every token of an n-gram that already began earlier in the sequence."""
+    marked, seen = [False] * len(tokens), set()
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        if gram in seen:
+            marked[i:i + n] = [True] * n
+        seen.add(gram)
+    return marked
+
+
+def sequence_unlikelihood_loss(log_probs, labels, n: int = REPEAT_NGRAM):
+    """Sequence-level unlikelihood (Welleck et al., 2020) on the student's own answers (the labels):
+    -log(1 - p(token)) at every token of a repeated n-gram, the mean over all answer tokens. Why: the token-
+    level term sees only the full model's answers, which rarely loop; this one sees the student's loops
+    where they happen and makes each of their tokens less likely, which no teacher's KL does."""
+    total, start = log_probs.new_zeros(()), 0
+    for row in labels:
+        target = row[row >= 0]
+        n_tokens = len(target)
+        mask = torch.tensor(repeated_ngrams(target.tolist(), n), device=log_probs.device)
+        p = log_probs[start:start + n_tokens].gather(1, target[:, None]).squeeze(1).exp().clamp(max=1 - 1e-6)
+        total = total - (torch.log1p(-p) * mask).sum()
+        start += n_tokens
     return total / len(log_probs)
 
 
@@ -357,6 +394,11 @@ def train(config: TrainConfig) -> dict:
         raise ValueError(f"--sequence-kd is a share of the references, in [0, 1]; got {config.sequence_kd}")
     if config.unlikelihood < 0:
         raise ValueError(f"--unlikelihood is a loss weight, >= 0; got {config.unlikelihood}")
+    if not 0 <= config.sequence_unlikelihood <= 1:
+        raise ValueError(f"--sequence-unlikelihood is a share of the batches, in [0, 1]; got {config.sequence_unlikelihood}")
+    if config.on_policy and config.sequence_unlikelihood:
+        raise ValueError("--on-policy and --sequence-unlikelihood both give batches to the student's own answers: "
+                         "choose one")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
     if config.task == "general" and (config.sequence_kd or config.renamed or config.complete_refs):
@@ -395,12 +437,12 @@ def train(config: TrainConfig) -> dict:
             config.teacher = adapter_ref(source)
             full = merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
-    sampler = None
-    if config.on_policy:
+    sampler, own_share = None, config.on_policy or config.sequence_unlikelihood
+    if own_share:  # on-policy KL samples at temperature 1; sequence-level unlikelihood looks at greedy loops
         from .onpolicy import StudentSampler
 
         sampler = StudentSampler(load_model(config.model, device="cpu", dtype="float32").model.to(accelerator.device),
-                                 tokenizer, config.max_answer_tokens)
+                                 tokenizer, config.max_answer_tokens, 1.0 if config.on_policy else 0.0)
 
     if config.task == "general":  # targets: the full-depth base model's answers, cached beside the checkpoints
         from .general import training_examples
@@ -436,13 +478,13 @@ def train(config: TrainConfig) -> dict:
         picker.choice(schedules)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def run_batch(examples, schedule, distill: float = 0.0, unlikelihood: float = 0.0):
+    def run_batch(examples, schedule, distill: float = 0.0, unlikelihood: float = 0.0, repeats: bool = False):
         input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
         batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
         with accelerator.autocast():
-            if not (distill and teacher is not None):
-                return model(*batch, unlikelihood=unlikelihood)
+            if repeats or not (distill and teacher is not None):
+                return model(*batch, unlikelihood=unlikelihood, repeats=repeats)
             with torch.no_grad():
                 full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
                 teacher_logits = teacher.logits(batch[0], batch[1], full.to(accelerator.device), batch[3])
@@ -478,19 +520,23 @@ def train(config: TrainConfig) -> dict:
             examples, schedule = next(stream), picker.choice(schedules)
             if micro % accelerator.num_processes != accelerator.process_index:
                 continue
-            own = sampler is not None and is_on_policy(step, config.on_policy)
-            if own:  # the student's own answers, scored by the teacher's KL alone
+            own = sampler is not None and is_on_policy(step, own_share)
+            if own:  # the student's own answers: the teacher's KL alone, or unlikelihood on their repeats
                 sampler.refresh(accelerator.unwrap_model(model).model)
                 examples = sampler.sample(examples, schedule, seed=config.seed + step)
             with accelerator.accumulate(model):
-                loss = run_batch(examples, schedule, 1.0 if own else config.distill, config.unlikelihood)
+                if own and config.sequence_unlikelihood:
+                    loss = run_batch(examples, schedule, repeats=True)
+                else:
+                    loss = run_batch(examples, schedule, 1.0 if own else config.distill, config.unlikelihood)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
         step += 1
         record = {"step": step, "loss": round(loss.item(), 4), "lr": scheduler.get_last_lr()[0],
-                  "layers": round(schedule.average_budget(), 2), **({"on_policy": True} if own else {})}
+                  "layers": round(schedule.average_budget(), 2),
+                  **({"sequence_unlikelihood" if config.sequence_unlikelihood else "on_policy": True} if own else {})}
         if step % config.eval_every == 0 or step == config.steps:
             record["val_loss"] = round(validation_loss(), 4)
         history.append(record)
@@ -551,6 +597,9 @@ def finish_adapter(folder: Path) -> None:
                     if c.get("on_policy") else "",
                     f" Plus {c['unlikelihood']:g} x token-level unlikelihood on the tokens the target already"
                     f" used (Welleck et al., 2020), against loops." if c.get("unlikelihood") else "",
+                    f" {c['sequence_unlikelihood']:.0%} of the batches are the student's own greedy answers at its"
+                    f" speedup, whose repeated 4-grams are made less likely (sequence-level unlikelihood)."
+                    if c.get("sequence_unlikelihood") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
                     f" Targets: the teacher's greedy outputs, not the references (sequence-level"
@@ -655,6 +704,9 @@ def register(subparsers) -> None:
                    help="add W x token-level unlikelihood (Welleck et al. 2020): probability on the tokens the target "
                         "already used, other than the one due, is pushed down, against loops (validation loss "
                         "leaves it out)")
+    p.add_argument("--sequence-unlikelihood", type=float, default=0.0, metavar="SHARE",
+                   help="that share of the batches: the student decodes the prompts greedily at its speedup and every "
+                        "token of a 4-gram its answer already said is made less likely (Welleck et al. 2020)")
     p.add_argument("--complete-refs", action="store_true",
                    help="train only on each MR's references that leave out the fewest of its values")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")

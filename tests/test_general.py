@@ -349,3 +349,42 @@ def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_model
     assert "own answers" in (tmp_path / "gkd" / "README.md").read_text()
     with pytest.raises(ValueError, match="--on-policy a share"):
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), task="general", model=model, on_policy=1.5))
+
+
+def test_sequence_unlikelihood_batches_are_the_students_greedy_answers_scored_on_their_repeats(pool, tmp_path,
+                                                                                                 monkeypatch):
+    """`--sequence-unlikelihood 0.5`: every other batch the student decodes the prompts greedily (the same
+    answers its engine gives), and that step's loss is the unlikelihood of its repeats, with no teacher."""
+    from skipdecode import onpolicy
+    from skipdecode import train as training
+
+    model = str(tiny_checkpoint(tmp_path / "tiny"))
+    drawn, sample = [], onpolicy.StudentSampler.sample
+
+    def spy(self, examples, schedule, seed):
+        out = sample(self, examples, schedule, seed)
+        drawn.append((self.temperature, out, self.engine.generate([p for p, _ in examples], schedule, 10).token_ids))
+        return out
+
+    monkeypatch.setattr(onpolicy.StudentSampler, "sample", spy)
+    kinds, forward = [], training.SkipLM.forward
+
+    def watched(self, *args, repeats=False, **kwargs):
+        kinds.append(repeats)
+        return forward(self, *args, repeats=repeats, **kwargs)
+
+    monkeypatch.setattr(training.SkipLM, "forward", watched)
+    config = training.TrainConfig(out=str(tmp_path / "sul"), task="general", model=model, speedups=[2.0], limit=4,
+                                  batch_size=4, steps=4, sequence_unlikelihood=0.5, rank=8, alpha=16,
+                                  max_answer_tokens=10, validation_examples=4, eval_every=100,
+                                  checkpoint_dir=str(tmp_path / "checkpoints"), precision="fp32")
+    summary = training.train(config)
+    assert [bool(h.get("sequence_unlikelihood")) for h in summary["history"]] == [False, True, False, True]
+    assert summary["config"]["teacher"] is None and len(drawn) == 2
+    assert kinds[:4] == [False, True, False, True]  # then the validation passes, on the targets
+    for temperature, out, greedy in drawn:
+        assert temperature == 0 and [ids for _, ids in out] == greedy
+    assert "repeated 4-grams" in (tmp_path / "sul" / "README.md").read_text()
+    with pytest.raises(ValueError, match="choose one"):
+        training.train(training.TrainConfig(out=str(tmp_path / "bad"), task="general", model=model, on_policy=0.5,
+                                            sequence_unlikelihood=0.5))

@@ -112,6 +112,19 @@ def test_unlikelihood_training_moves_probability_off_tokens_the_answer_already_u
     assert repeat < 0.7 * new
 
 
+def test_sequence_unlikelihood_penalizes_every_token_of_a_repeated_4gram_and_nothing_else():
+    from skipdecode.train import repeated_ngrams, sequence_unlikelihood_loss
+
+    assert repeated_ngrams([1, 2, 3, 4, 5, 1, 2, 3, 4]) == [False] * 5 + [True] * 4
+    assert repeated_ngrams([7, 7, 7, 7, 7]) == [False, True, True, True, True]  # a one-token loop
+    assert repeated_ngrams([1, 2, 3, 9, 1, 2, 3, 8]) == [False] * 8  # a repeated 3-gram is not a 4-gram
+    torch.manual_seed(0)
+    labels = torch.tensor([[-100, 5, 5, 5, 5, 5], [-100, 1, 2, 3, 4, -100]])
+    log_probs = torch.randn(9, 6).log_softmax(-1)
+    expected = -sum(torch.log1p(-log_probs[j, 5].exp()) for j in (1, 2, 3, 4)) / 9  # the second row never repeats
+    assert torch.allclose(sequence_unlikelihood_loss(log_probs, labels), expected)
+
+
 def test_distillation_pulls_the_skipping_student_toward_the_full_teacher():
     """The KL term is zero when the student already is the teacher, and a few steps with it move a
     skipping student's predictions toward the full-depth model's."""
