@@ -192,18 +192,27 @@ def unlikelihood_loss(log_probs, labels):
     teacher finds a loop predictable, so its KL does not push back (candidate C). The prompt's tokens are
     not candidates: an answer rightly reuses the words of its question.
     `log_probs` holds the target positions of `labels` (>= 0), row after row."""
-    total, start = log_probs.new_zeros(()), 0
-    for row in labels:
-        target = row[row >= 0]
-        n = len(target)
-        earlier = log_probs[start:start + n][:, target]  # [j, i]: log p at position j of the token due at i
-        start += n
+    total = log_probs.new_zeros(())
+    for answer, target in _answers(log_probs, labels):
         same = target[:, None] == target[None, :]
         first = ~same.tril(-1).any(1)  # target[i] did not occur before i
         candidate = torch.ones_like(same).tril(-1) & first[None, :] & ~same  # i < j, counted once, not target[j]
-        p = earlier.exp().clamp(max=1 - 1e-6)
-        total = total - (torch.log1p(-p) * candidate).sum()
+        total = total + (_unlikely(answer[:, target]) * candidate).sum()  # [j, i]: at j, the token due at i
     return total / len(log_probs)
+
+
+def _answers(log_probs, labels):
+    """(log-probabilities, target ids) of each row's target positions; `log_probs` holds them row after row."""
+    start = 0
+    for row in labels:
+        target = row[row >= 0]
+        yield log_probs[start:start + len(target)], target
+        start += len(target)
+
+
+def _unlikely(log_p):
+    """-log(1 - p) for probabilities given as logs, kept finite where p rounds to 1."""
+    return -torch.log1p(-log_p.exp().clamp(max=1 - 1e-6))
 
 
 REPEAT_NGRAM = 4  # Welleck et al.'s sequence level: a token is penalized inside a repeated 4-gram
@@ -225,14 +234,10 @@ def sequence_unlikelihood_loss(log_probs, labels, n: int = REPEAT_NGRAM):
     -log(1 - p(token)) at every token of a repeated n-gram, the mean over all answer tokens. Why: the token-
     level term sees only the full model's answers, which rarely loop; this one sees the student's loops
     where they happen and makes each of their tokens less likely, which no teacher's KL does."""
-    total, start = log_probs.new_zeros(()), 0
-    for row in labels:
-        target = row[row >= 0]
-        n_tokens = len(target)
-        mask = torch.tensor(repeated_ngrams(target.tolist(), n), device=log_probs.device)
-        p = log_probs[start:start + n_tokens].gather(1, target[:, None]).squeeze(1).exp().clamp(max=1 - 1e-6)
-        total = total - (torch.log1p(-p) * mask).sum()
-        start += n_tokens
+    total = log_probs.new_zeros(())
+    for answer, target in _answers(log_probs, labels):
+        repeated = torch.tensor(repeated_ngrams(target.tolist(), n), device=log_probs.device)
+        total = total + (_unlikely(answer.gather(1, target[:, None]).squeeze(1)) * repeated).sum()
     return total / len(log_probs)
 
 
@@ -483,7 +488,7 @@ def train(config: TrainConfig) -> dict:
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
         batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
         with accelerator.autocast():
-            if repeats or not (distill and teacher is not None):
+            if not (distill and teacher is not None):
                 return model(*batch, unlikelihood=unlikelihood, repeats=repeats)
             with torch.no_grad():
                 full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
