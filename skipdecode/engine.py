@@ -75,6 +75,9 @@ class Engine:
             eos.append(tokenizer.eos_token_id)
         self.eos_ids = sorted(set(eos))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_ids or [0])[0]
+        self.graphs = "auto"  # "auto": CUDA graphs for the decode steps on a GPU; "off"; "on": also on a CPU,
+        # where the same static step runs uncaptured (skipdecode/graphs.py; how the tests check it)
+        self._steps = None
 
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
@@ -138,7 +141,32 @@ class Engine:
         # Additive masks, made once: SDPA would otherwise turn a boolean mask into one at every layer.
         # Without padding the decode steps need no mask at all.
         bias = dec.attention_bias(valid) if any(pads) else None
-        cache = KVCache(L, B, dec.num_kv_heads, width, dec.head_dim, device, dec.dtype)
+        static = self._static_step(policy, B, width)
+        cache = static.begin(valid) if static else KVCache(L, B, dec.num_kv_heads, width, dec.head_dim, device,
+                                                           dec.dtype)
+        try:
+            yield from self._decode(prompts, encoded, policy, dec, cache, static, ids, valid, bias, width,
+                                    max_new_tokens, sampling, stop_at_eos)
+        finally:
+            if static:
+                self._steps.give(static)
+
+    def _static_step(self, policy, batch: int, width: int):
+        """A graphed decode step for this generation (skipdecode/graphs.py), or None for the eager one."""
+        from .graphs import StaticSteps
+
+        cuda = self.decoder.device.type == "cuda"
+        if self.graphs not in ("auto", "on", "off"):
+            raise ValueError(f"graphs must be 'auto', 'on' or 'off'; got {self.graphs!r}")
+        if self.graphs == "off" or (self.graphs == "auto" and not cuda) or not isinstance(policy, Scheduled):
+            return None
+        if self._steps is None or self._steps.dec is not self.decoder:
+            self._steps = StaticSteps(self.decoder, capture=cuda)
+        return self._steps.take(batch, width)
+
+    def _decode(self, prompts, encoded, policy, dec, cache, static, ids, valid, bias, width, max_new_tokens,
+                sampling, stop_at_eos):
+        L, B, P, device = self.num_layers, len(encoded), ids.shape[1], dec.device
         generator = sampling.generator(device)
         trace = Trace(L, B, P, policy.to_dict())
         gen = Generation(prompts, [[] for _ in range(B)], [False] * B, trace, self.tokenizer)
@@ -170,7 +198,7 @@ class Engine:
                     keep.append(i)
             if not keep:
                 break
-            if _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
+            if not static and _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
                 index = torch.tensor(keep, device=device)
                 cache.keep_rows(index)
                 token, position = token[index], position[index]
@@ -181,10 +209,15 @@ class Engine:
             # Position `step`: the policy runs the column's layers (for a schedule: the same for every row).
             started = time.perf_counter()
             column = P + step
-            x, rope = dec.embed(token[:, None], position), dec.rope(position, limit=width)
-            mask = bias[:, None, None, : column + 1] if bias is not None else None
-            x, record = policy.run(dec, cache, step, column, x, rope, mask)
-            token = next_tokens(dec.logits(x[:, -1]), sampling, generator)
+            if static:
+                x, record = policy.run(static, cache, step, column, *static.inputs(token, position, column))
+                logits = static.head()
+            else:
+                x, rope = dec.embed(token[:, None], position), dec.rope(position, limit=width)
+                mask = bias[:, None, None, : column + 1] if bias is not None else None
+                x, record = policy.run(dec, cache, step, column, x, rope, mask)
+                logits = dec.logits(x[:, -1])
+            token = next_tokens(logits, sampling, generator)
             position += 1
             sync()
             record.ms = (time.perf_counter() - started) * 1000.0

@@ -184,23 +184,29 @@ class Decoder:
             x = x + F.embedding(positions + self.position_offset, self.embed_positions)
         return x
 
-    def block(self, layer: int, x, rope, mask, keys: torch.Tensor, values: torch.Tensor, start: int):
+    def block(self, layer: int, x, rope, mask, keys: torch.Tensor, values: torch.Tensor, start):
         """Run layer `layer` on x [B, S, d] at cache columns [start, start + S): write its keys and
         values there and attend over columns [0, start + S) under the additive `mask` [B, 1, S, start + S]
-        (None: every column)."""
+        (None: every column). A `start` given as a one-element tensor is the graphed decode step's form
+        (skipdecode/graphs.py): one column, written where the tensor says, and the cache's whole width
+        attended under a mask that hides the columns after it, so that no shape depends on the position."""
         return self._layer(self.blocks[layer], x, rope, mask, keys, values, start)
 
-    def _layer(self, w: Block, x, rope, mask, keys, values, start: int):
+    def _layer(self, w: Block, x, rope, mask, keys, values, start):
         B, S, _ = x.shape
         H, Hkv = self.num_heads, self.num_kv_heads
         qkv = w.qkv(self._norm(x, w.norm1)).view(B, S, H + 2 * Hkv, self.head_dim)
         qk = self._rotate(qkv[:, :, : H + Hkv], rope)  # queries and keys rotated in one go
-        end = start + S
-        keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
-        values[:, :, start:end] = qkv[:, :, H + Hkv:].transpose(1, 2)
+        if isinstance(start, torch.Tensor):
+            keys.index_copy_(2, start, qk[:, :, H:].transpose(1, 2).to(keys.dtype))
+            values.index_copy_(2, start, qkv[:, :, H + Hkv:].transpose(1, 2).to(values.dtype))
+        else:
+            end = start + S
+            keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
+            values[:, :, start:end] = qkv[:, :, H + Hkv:].transpose(1, 2)
+            keys, values = keys[:, :, :end], values[:, :, :end]
         attn = F.scaled_dot_product_attention(  # in the cache's dtype (see cache_dtype)
-            qk[:, :, :H].transpose(1, 2).to(keys.dtype), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-            enable_gqa=self.gqa,
+            qk[:, :, :H].transpose(1, 2).to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=self.gqa,
         )
         x = x + w.out(attn.transpose(1, 2).reshape(B, S, self.q_size).to(x.dtype))
         h = w.up(self._norm(x, w.norm2))

@@ -9,6 +9,8 @@ from skipdecode.engine import Engine
 # bfloat16 on CPUs with native bfloat16 and float32 elsewhere, and the tests compare tokens with
 # transformers' own. tests/test_precision.py tests that decision on faked CPU flags.
 os.environ.setdefault("SKIPDECODE_DTYPE", "float32")
+# The tiny models go where SKIPDECODE_TEST_DEVICE says (default cpu): "cuda" runs the suite's model tests on a GPU.
+DEVICE = torch.device(os.environ.get("SKIPDECODE_TEST_DEVICE", "cpu"))
 
 PROMPTS = [
     "Write a sentence about a coffee shop.",
@@ -49,7 +51,7 @@ def tiny_model(kind: str, seed: int = 0, layers: int = 4):
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.15)
-    return model
+    return model.to(DEVICE)
 
 
 class IdTokenizer:

@@ -16,6 +16,7 @@ def hf_greedy(model, batch_ids, max_new_tokens, pad_id, eos_ids):
     width = max(len(ids) for ids in batch_ids)
     input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in batch_ids])
     attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch_ids])
+    input_ids, attention = input_ids.to(model.device), attention.to(model.device)
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=False,
                              max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids)

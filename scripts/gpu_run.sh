@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
+#   bash scripts/gpu_run.sh [tests|bench|all]
+# It needs, in the ignored folder .gpu/ (made on the developer's machine, carried with the call):
+#   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
+#           (transformers, tokenizers, huggingface_hub, peft, nltk, rouge-score)
+#   model/  SmolLM2-135M-Instruct's config, generation config and tokenizer files, without weights
+#   e2e/    the E2E test set CSV (the bench's prompts)
+# The default model's weights (a 98 MB GGUF) cannot travel (the working tree is limited to 64 MiB), so the
+# model here is SmolLM2-135M-Instruct's architecture with random weights: every speed figure holds (the
+# same shapes, the same kernels; EOS never stops a bench run), quality figures do not, and tests that need
+# the trained weights' answers fail for that reason alone. Outputs go to $OUT (or /tmp/gpu-out).
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache
+python3 - <<'PY' || exit 1
+import os, shutil, torch
+from pathlib import Path
+from transformers import AutoConfig, AutoModelForCausalLM
+folder = Path(os.environ["SKIPDECODE_CACHE"]) / "SmolLM2-135M-Instruct"
+if not (folder / "model.safetensors").exists():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/model"), dtype=torch.float32)
+    model.save_pretrained(folder)
+    for f in Path(".gpu/model").iterdir():
+        shutil.copy(f, folder / f.name)
+print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), flush=True)
+PY
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+if [[ $what == tests || $what == all ]]; then
+  # the library's tests on CUDA: the tiny models and the default model on the GPU (the app's tests need
+  # gradio and a browser, which this machine lacks)
+  SKIPDECODE_TEST_DEVICE=cuda timeout 420 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
+    tests/test_graphs.py tests/test_engine.py tests/test_schedule.py tests/test_peers.py tests/test_bench.py \
+    tests/test_evaluate.py tests/test_train.py tests/test_general.py tests/test_quality.py 2>&1 | tee "$out/tests.txt" | tail -40
+fi
+if [[ $what == bench || $what == all ]]; then
+  for graphs in auto off; do
+    timeout 240 python3 -m skipdecode bench --device cuda --data .gpu/e2e --graphs $graphs --no-peer \
+      --speedups 1,2,3,5 --batch-sizes 1,16 --new-tokens 64 --repeats 5 --out "$out/bench-cuda-graphs-$graphs.csv" \
+      2>&1 | tee "$out/bench-graphs-$graphs.txt" | grep -v "^\[bench\]"
+  done
+fi

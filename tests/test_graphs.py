@@ -1,0 +1,69 @@
+"""The graphed decode step (skipdecode/graphs.py): the static step decodes what the eager step decodes.
+
+On a CPU the static step runs uncaptured (`engine.graphs = "on"`), which checks its math (the column as a
+tensor, the whole cache width under a mask, no compaction); on a GPU the captured graphs are checked too.
+"""
+
+import pytest
+import torch
+
+from conftest import IdTokenizer, tiny_model
+from skipdecode.engine import Engine
+from skipdecode.graphs import MAX_STEPS, MIN_WIDTH, bucket
+from skipdecode.peers import EarlyExit
+from skipdecode.schedule import Schedule
+
+BATCH = [[1, 17, 43, 99, 5], [1, 250, 7], [1, 8, 9, 10, 11, 12, 13, 14]]  # left padding in every row but one
+
+
+def decode(engine, graphs, policy, stop_at_eos=True, batch=BATCH):
+    engine.graphs = graphs
+    return engine.generate(batch, policy, max_new_tokens=12, stop_at_eos=stop_at_eos).token_ids
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt", "gpt2"])
+def test_static_step_decodes_what_the_eager_step_decodes(kind):
+    engine = Engine(tiny_model(kind, layers=6), IdTokenizer())
+    for policy in (None, Schedule(6, 6, 2, warmup=1, horizon=6)):
+        for stop in (True, False):  # with EOS on, finished rows stay in the static batch and are ignored
+            assert decode(engine, "on", policy, stop) == decode(engine, "off", policy, stop)
+    assert engine._steps.lent == 0 and len(engine._steps.free) == 1  # one step, reused, given back
+
+
+def test_steps_are_lent_one_generation_at_a_time_and_bounded():
+    engine = Engine(tiny_model("llama"), IdTokenizer())
+    engine.graphs = "on"
+    streams = [engine.stream(BATCH[:1], max_new_tokens=4) for _ in range(MAX_STEPS + 1)]
+    for stream in streams:  # interleaved, as the app runs a comparison's two generations
+        next(stream)
+    steps = engine._steps
+    assert steps.lent == MAX_STEPS  # the fifth generation found none free and decodes eagerly
+    outs = [list(stream)[-1].token_ids for stream in streams]
+    assert all(out == outs[0] for out in outs)
+    assert steps.lent == 0 and len(steps.free) <= MAX_STEPS
+    # a per-token policy decides per row: it never takes a static step
+    engine.generate(BATCH, EarlyExit(4, 0.5), max_new_tokens=4)
+    assert steps.lent == 0
+
+
+def test_widths_are_bucketed():
+    assert bucket(10, 2048) == MIN_WIDTH
+    assert bucket(MIN_WIDTH + 1, 2048) == 2 * MIN_WIDTH
+    assert bucket(1500, 2048) == 2048 and bucket(2000, 2000) == 2000
+
+
+def test_graphs_setting_is_checked():
+    engine = Engine(tiny_model("llama"), IdTokenizer())
+    engine.graphs = "sometimes"
+    with pytest.raises(ValueError, match="graphs"):
+        engine.generate(BATCH, max_new_tokens=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_decode_what_the_eager_step_decodes():
+    engine = Engine(tiny_model("llama", layers=6).to("cuda"), IdTokenizer())
+    for policy in (None, Schedule(6, 6, 2, warmup=1, horizon=6)):
+        want = decode(engine, "off", policy)
+        assert decode(engine, "auto", policy) == want
+        assert engine._steps.free and all(s.graphs for s in engine._steps.free.values())  # captured
+        assert decode(engine, "auto", policy) == want  # replayed from the kept graphs
