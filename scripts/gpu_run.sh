@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
-#   bash scripts/gpu_run.sh [tests|bench|all]
+#   bash scripts/gpu_run.sh [quick|tests|bench|capture|all]
+#   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
+#   costs, graphs captured, against the next ones)
 # It needs, in the ignored folder .gpu/ (made on the developer's machine, carried with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
-#           (transformers, tokenizers, huggingface_hub, peft, nltk, rouge-score)
+#           (transformers, tokenizers, huggingface_hub and its httpx2, httpcore2, truststore, peft, nltk,
+#           rouge-score), fetched with `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`
 #   model/  SmolLM2-135M-Instruct's config, generation config and tokenizer files, without weights
-#   e2e/    the E2E test set CSV (the bench's prompts)
+#   e2e/    the E2E test and dev CSVs (the bench's prompts; the tests' data; the 9 MB train split stays behind)
 # The default model's weights (a 98 MB GGUF) cannot travel (the working tree is limited to 64 MiB), so the
 # model here is SmolLM2-135M-Instruct's architecture with random weights: every speed figure holds (the
 # same shapes, the same kernels; EOS never stops a bench run), quality figures do not, and tests that need
@@ -15,7 +18,7 @@ what=${1:-all}
 out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
   || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e
 python3 - <<'PY' || exit 1
 import os, shutil, torch
 from pathlib import Path
@@ -30,12 +33,17 @@ if not (folder / "model.safetensors").exists():
 print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), flush=True)
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+if [[ $what == quick || $what == bench ]]; then
+  SKIPDECODE_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_graphs.py \
+    tests/test_engine.py 2>&1 | tee "$out/tests-quick.txt" | tail -15
+fi
 if [[ $what == tests || $what == all ]]; then
   # the library's tests on CUDA: the tiny models and the default model on the GPU (the app's tests need
   # gradio and a browser, which this machine lacks)
-  SKIPDECODE_TEST_DEVICE=cuda timeout 420 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
+  SKIPDECODE_TEST_DEVICE=cuda timeout 420 python3 -m pytest -q -p no:cacheprovider -n 8 -rfEs \
     tests/test_graphs.py tests/test_engine.py tests/test_schedule.py tests/test_peers.py tests/test_bench.py \
-    tests/test_evaluate.py tests/test_train.py tests/test_general.py tests/test_quality.py 2>&1 | tee "$out/tests.txt" | tail -40
+    tests/test_evaluate.py tests/test_train.py tests/test_general.py tests/test_quality.py tests/test_batcher.py \
+    tests/test_router.py tests/test_precision.py tests/test_cli.py tests/test_serve_adapters.py 2>&1 | tee "$out/tests.txt" | tail -40
 fi
 if [[ $what == bench || $what == all ]]; then
   for graphs in auto off; do
@@ -43,4 +51,26 @@ if [[ $what == bench || $what == all ]]; then
       --speedups 1,2,3,5 --batch-sizes 1,16 --new-tokens 64 --repeats 5 --out "$out/bench-cuda-graphs-$graphs.csv" \
       2>&1 | tee "$out/bench-graphs-$graphs.txt" | grep -v "^\[bench\]"
   done
+fi
+if [[ $what == capture || $what == all ]]; then
+  python3 - <<'PY' 2>&1 | grep -v Loading | tee "$out/capture.txt"
+import time, torch
+from skipdecode.engine import Engine
+from skipdecode.schedule import for_speedup
+engine = Engine.load(device="cuda")
+prompt = engine.encode("name[The Eagle], eatType[coffee shop], food[French]. Describe this place in one sentence.")
+for batch in (1, 16):
+    for graphs in ("off", "auto"):
+        engine.graphs = graphs
+        times = []
+        for _ in range(4):
+            torch.cuda.synchronize(); started = time.perf_counter()
+            engine.generate([prompt] * batch, for_speedup(3, engine.num_layers, horizon=32), max_new_tokens=32,
+                            stop_at_eos=False)
+            torch.cuda.synchronize(); times.append(round((time.perf_counter() - started) * 1000, 1))
+        print(f"batch {batch}, graphs {graphs}: 3x, 32 new tokens, ms per generation: first {times[0]}, "
+              f"then {times[1:]}", flush=True)
+print("kept steps:", [(s.batch, s.width) for s in engine._steps.free.values()],
+      f"cache MB: {sum(s.cache.data.numel() * s.cache.data.element_size() for s in engine._steps.free.values()) / 1e6:.0f}")
+PY
 fi

@@ -9,6 +9,7 @@ a column policy: an object with `num_layers`, `to_dict()` and `run(...)` like `S
 from __future__ import annotations
 
 import numbers
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -23,6 +24,7 @@ from .trace import StepRecord, Trace
 from .transformer import Decoder
 
 Prompt = str | Sequence[int]
+GRAPHS_ENV = "SKIPDECODE_CUDA_GRAPHS"
 
 
 @dataclass
@@ -75,8 +77,9 @@ class Engine:
             eos.append(tokenizer.eos_token_id)
         self.eos_ids = sorted(set(eos))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_ids or [0])[0]
-        self.graphs = "auto"  # "auto": CUDA graphs for the decode steps on a GPU; "off"; "on": also on a CPU,
-        # where the same static step runs uncaptured (skipdecode/graphs.py; how the tests check it)
+        # "auto": CUDA graphs for the decode steps on a GPU; "off"; "on": also on a CPU, where the same static
+        # step runs uncaptured (skipdecode/graphs.py; how the tests check it). A host sets it for every engine.
+        self.graphs = os.environ.get(GRAPHS_ENV, "auto")
         self._steps = None
 
     @classmethod

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import IdTokenizer, tiny_model
-from skipdecode.engine import Engine
+from skipdecode.engine import GRAPHS_ENV, Engine
 from skipdecode.graphs import MAX_STEPS, MIN_WIDTH, bucket
 from skipdecode.peers import EarlyExit
 from skipdecode.schedule import Schedule
@@ -28,6 +28,15 @@ def test_static_step_decodes_what_the_eager_step_decodes(kind):
         for stop in (True, False):  # with EOS on, finished rows stay in the static batch and are ignored
             assert decode(engine, "on", policy, stop) == decode(engine, "off", policy, stop)
     assert engine._steps.lent == 0 and len(engine._steps.free) == 1  # one step, reused, given back
+
+
+
+def test_finished_rows_stay_in_the_static_batch():
+    engine = Engine(tiny_model("llama", layers=6), IdTokenizer())
+    engine.graphs = "on"
+    finished = engine.generate(BATCH, max_new_tokens=12)
+    assert min(map(len, finished.token_ids)) < 12  # a row stopped at EOS (this seed's first row, at 9) ...
+    assert {s.rows for s in finished.trace.steps} == {len(BATCH)}  # ... and its column is still computed
 
 
 def test_steps_are_lent_one_generation_at_a_time_and_bounded():
@@ -52,9 +61,11 @@ def test_widths_are_bucketed():
     assert bucket(1500, 2048) == 2048 and bucket(2000, 2000) == 2000
 
 
-def test_graphs_setting_is_checked():
+def test_graphs_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(GRAPHS_ENV, "off")  # a host's setting, read by every engine
+    assert Engine(tiny_model("llama"), IdTokenizer()).graphs == "off"
+    monkeypatch.setenv(GRAPHS_ENV, "sometimes")
     engine = Engine(tiny_model("llama"), IdTokenizer())
-    engine.graphs = "sometimes"
     with pytest.raises(ValueError, match="graphs"):
         engine.generate(BATCH, max_new_tokens=2)
 

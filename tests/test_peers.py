@@ -46,13 +46,13 @@ def test_fill_kv_writes_what_the_block_writes(engine):
     """The copied-state keys and values come from the key/value rows alone, identical to a full block's."""
     dec = engine.decoder
     torch.manual_seed(0)
-    x = torch.randn(2, 1, dec.embed_tokens.shape[1]) * 3
-    positions = torch.tensor([[5], [9]])
+    x = torch.randn(2, 1, dec.embed_tokens.shape[1]).to(dec.device) * 3
+    positions = torch.tensor([[5], [9]], device=dec.device)
     rope = dec.rope(positions)
     shape = (2, dec.num_kv_heads, 8, dec.head_dim)
     for layer in (0, 17, dec.num_layers - 1):
-        block_kv = torch.zeros(shape), torch.zeros(shape)
-        fill_kv = torch.full(shape, 7.0), torch.full(shape, 7.0)
+        block_kv = torch.zeros(shape, device=dec.device), torch.zeros(shape, device=dec.device)
+        fill_kv = torch.full(shape, 7.0, device=dec.device), torch.full(shape, 7.0, device=dec.device)
         with torch.inference_mode():
             dec.block(layer, x, rope, None, *block_kv, 3)
             dec.fill_kv(layer, x, rope, *fill_kv, 3)

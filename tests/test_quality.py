@@ -49,7 +49,7 @@ def test_token_agreement():
 def test_perplexity_equals_transformers_loss_on_the_continuation():
     model = tiny_model("llama")
     prompt, continuation = [5, 6, 7, 8], [9, 10, 11]
-    ids = torch.tensor([prompt + continuation])
+    ids = torch.tensor([prompt + continuation], device=model.device)
     labels = ids.clone()
     labels[0, : len(prompt)] = -100
     with torch.no_grad():
@@ -66,7 +66,7 @@ def test_perplexities_score_several_continuations_in_one_pass_as_each_alone():
     assert together[2] is None
     for value, continuation in zip(together, continuations):
         if continuation:
-            ids = torch.tensor([prompt + continuation])
+            ids = torch.tensor([prompt + continuation], device=model.device)
             labels = ids.clone()
             labels[0, : len(prompt)] = -100
             with torch.no_grad():

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import PROMPTS, IdTokenizer, tiny_model
+from conftest import DEVICE, PROMPTS, IdTokenizer, tiny_model
 from skipdecode.engine import Engine
 from skipdecode.schedule import Schedule, for_speedup
 from skipdecode.train import SkipLM, collate, layer_plan
@@ -17,6 +17,7 @@ def greedy_then_teacher_force(engine, model, prompt_ids, schedule, new_tokens):
     target = result.token_ids[0]
     input_ids, lengths, labels, prompt_lens, fed_back = collate([(prompt_ids, target)], pad_id=0)
     runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
+    input_ids, lengths, labels, runs = (t.to(model.device) for t in (input_ids, lengths, labels, runs))
     with torch.no_grad():
         hidden = SkipLM(model).hidden(input_ids, lengths, runs)
         predicted = SkipLM(model).lm_head(hidden[labels >= 0]).argmax(-1).tolist()
@@ -55,6 +56,7 @@ def test_a_few_steps_lower_the_loss():
     examples = [([1, 10 + i, 20 + i, 30], [40 + i, 50 + i, 60 + i, 2]) for i in range(8)]
     input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad_id=0)
     runs = layer_plan(Schedule(4, 4, 2, warmup=1, horizon=3), prompt_lens, fed_back, input_ids.shape[1])
+    input_ids, lengths, labels, runs = (t.to(DEVICE) for t in (input_ids, lengths, labels, runs))
     optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=5e-3)
     losses = []
     for _ in range(12):
@@ -92,6 +94,7 @@ def test_unlikelihood_training_moves_probability_off_tokens_the_answer_already_u
     examples = [([1, 30], [40, 50, 40, 2]), ([1, 30], [40, 50, 60, 2])] * 4
     input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad_id=0)
     runs = layer_plan(Schedule(4, 4, 2, warmup=1, horizon=3), prompt_lens, fed_back, input_ids.shape[1])
+    input_ids, lengths, labels, runs = (t.to(DEVICE) for t in (input_ids, lengths, labels, runs))
 
     def repeat_probability(weight):
         torch.manual_seed(0)
@@ -139,6 +142,7 @@ def test_distillation_pulls_the_skipping_student_toward_the_full_teacher():
     width = input_ids.shape[1]
     full = layer_plan(Schedule.full(4), prompt_lens, fed_back, width)
     skip = layer_plan(Schedule(4, 3, 2, warmup=1, horizon=3), prompt_lens, fed_back, width)
+    input_ids, lengths, labels, full, skip = (t.to(DEVICE) for t in (input_ids, lengths, labels, full, skip))
     with torch.no_grad():
         target = teacher.logits(input_ids, lengths, full, labels)
         ce = student(input_ids, lengths, full, labels)
