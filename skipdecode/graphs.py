@@ -30,7 +30,13 @@ from .cache import KVCache, cache_dtype
 from .transformer import Decoder
 
 MIN_WIDTH = 256  # cache widths are rounded up to a power of two from here, so prompts share graphs
-MAX_STEPS = 4  # static steps kept per engine (each holds a KV cache of its batch x width)
+MAX_STEPS = 4  # static steps kept per engine (each holds a KV cache of its batch x width) ...
+MAX_CACHE_BYTES = 1 << 30  # ... and their caches together at most this (one step alone may be larger)
+
+
+def cache_bytes(dec: Decoder, batch: int, width: int) -> int:
+    element = torch.empty((), dtype=cache_dtype(dec.dtype, dec.device)).element_size()
+    return dec.num_layers * 2 * batch * dec.num_kv_heads * width * dec.head_dim * element
 
 
 def bucket(width: int, limit: int) -> int:
@@ -139,36 +145,49 @@ class StaticStep:
 
 class StaticSteps:
     """An engine's static steps, lent to one generation at a time (the app interleaves generations in one
-    thread: two at once get two steps). At most MAX_STEPS are kept; the least recently used free one goes."""
+    thread: two at once get two steps). At most MAX_STEPS are kept, their caches within MAX_CACHE_BYTES:
+    the least recently used free ones go first; a generation that would exceed either decodes eagerly."""
 
     def __init__(self, dec: Decoder, capture: bool):
         self.dec, self.capture = dec, capture
         self.free: OrderedDict[int, StaticStep] = OrderedDict()
-        self.lent = 0
+        self.lent: dict[int, int] = {}  # id -> cache bytes of the steps out on loan
         self.lock = threading.Lock()
 
     def take(self, batch: int, width: int) -> StaticStep | None:
-        """A step for this batch and generation width, or None when MAX_STEPS are all in use."""
+        """A step for this batch and generation width, or None when the limits leave no room for one."""
         size = bucket(width, self.dec.max_positions)
+        new = cache_bytes(self.dec, batch, size)
         with self.lock:
             for key, step in self.free.items():
                 if (step.batch, step.width) == (batch, size):
                     del self.free[key]
-                    self.lent += 1
+                    self.lent[key] = new
                     return step
-            while self.free and len(self.free) + self.lent >= MAX_STEPS:
+
+            def over() -> bool:
+                kept = sum(cache_bytes(self.dec, s.batch, s.width) for s in self.free.values())
+                held = sum(self.lent.values()) + kept
+                return len(self.free) + len(self.lent) >= MAX_STEPS or (held + new > MAX_CACHE_BYTES and held > 0)
+
+            while self.free and over():
                 self.free.popitem(last=False)
-            if self.lent >= MAX_STEPS:
+            if over():
                 return None
-            self.lent += 1
+            token = object()  # holds the loan's place until the step exists
+            self.lent[id(token)] = new
         try:
-            return StaticStep(self.dec, batch, size, self.capture)
+            step = StaticStep(self.dec, batch, size, self.capture)
         except BaseException:
             with self.lock:
-                self.lent -= 1
+                del self.lent[id(token)]
             raise
+        with self.lock:
+            del self.lent[id(token)]
+            self.lent[id(step)] = new
+        return step
 
     def give(self, step: StaticStep) -> None:
         with self.lock:
-            self.lent -= 1
+            del self.lent[id(step)]
             self.free[id(step)] = step

@@ -9,7 +9,8 @@ import torch
 
 from conftest import IdTokenizer, tiny_model
 from skipdecode.engine import GRAPHS_ENV, Engine
-from skipdecode.graphs import MAX_STEPS, MIN_WIDTH, bucket
+from skipdecode import graphs
+from skipdecode.graphs import MAX_STEPS, MIN_WIDTH, bucket, cache_bytes
 from skipdecode.peers import EarlyExit
 from skipdecode.schedule import Schedule
 
@@ -27,7 +28,7 @@ def test_static_step_decodes_what_the_eager_step_decodes(kind):
     for policy in (None, Schedule(6, 6, 2, warmup=1, horizon=6)):
         for stop in (True, False):  # with EOS on, finished rows stay in the static batch and are ignored
             assert decode(engine, "on", policy, stop) == decode(engine, "off", policy, stop)
-    assert engine._steps.lent == 0 and len(engine._steps.free) == 1  # one step, reused, given back
+    assert not engine._steps.lent and len(engine._steps.free) == 1  # one step, reused, given back
 
 
 
@@ -46,13 +47,32 @@ def test_steps_are_lent_one_generation_at_a_time_and_bounded():
     for stream in streams:  # interleaved, as the app runs a comparison's two generations
         next(stream)
     steps = engine._steps
-    assert steps.lent == MAX_STEPS  # the fifth generation found none free and decodes eagerly
+    assert len(steps.lent) == MAX_STEPS  # the fifth generation found none free and decodes eagerly
     outs = [list(stream)[-1].token_ids for stream in streams]
     assert all(out == outs[0] for out in outs)
-    assert steps.lent == 0 and len(steps.free) <= MAX_STEPS
+    assert not steps.lent and len(steps.free) <= MAX_STEPS
     # a per-token policy decides per row: it never takes a static step
     engine.generate(BATCH, EarlyExit(4, 0.5), max_new_tokens=4)
-    assert steps.lent == 0
+    assert not steps.lent
+
+
+def test_kept_caches_stay_within_their_byte_budget(monkeypatch):
+    engine = Engine(tiny_model("llama"), IdTokenizer())
+    engine.graphs = "on"
+    one = cache_bytes(engine.decoder, 1, MIN_WIDTH)
+    monkeypatch.setattr(graphs, "MAX_CACHE_BYTES", 3 * one)
+    engine.generate(BATCH[:1], max_new_tokens=4)
+    engine.generate(BATCH[:2], max_new_tokens=4)  # batch 2 (2 units) joins batch 1 (1 unit): 3, at the budget
+    assert sorted(s.batch for s in engine._steps.free.values()) == [1, 2]
+    engine.generate(BATCH[:3], max_new_tokens=4)  # batch 3 needs 3 units: both free steps go
+    assert [s.batch for s in engine._steps.free.values()] == [3]
+    held = engine.stream(BATCH[:3], max_new_tokens=4)
+    next(held)  # batch 3 is out on loan: a batch 1 would exceed the budget and decodes eagerly
+    eager = engine.generate(BATCH[:1], max_new_tokens=4).token_ids
+    assert eager == [decode(engine, "off", None, batch=BATCH[:1])[0][:4]]
+    assert len(engine._steps.lent) == 1 and not engine._steps.free
+    list(held)
+    assert [s.batch for s in engine._steps.free.values()] == [3]
 
 
 def test_widths_are_bucketed():
