@@ -104,7 +104,8 @@ class StaticStep:
         graphs = []
         for run in [self._prelude, *[lambda layer=layer: self._layer(layer) for layer in range(L)], self._head]:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            # thread_local: a server's other threads (quality scoring, another engine) may use the GPU meanwhile
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 run()
             graphs.append(graph)
         self.graphs = graphs
