@@ -4,6 +4,8 @@ The schedule decides which layers a position runs; everything else is the same l
 batch, one all-layer prefill, then one column of the batch at a time through the scheduled layers into
 a static KV cache, with finished rows compacted away. A per-token method (`peers.EarlyExit`) plugs in as
 a column policy: an object with `num_layers`, `to_dict()` and `run(...)` like `Scheduled` below.
+On a GPU a schedule's columns run as CUDA graphs (skipdecode/graphs.py): the same loop, handed a static
+step in place of the decoder, which keeps finished rows instead of compacting them.
 """
 
 from __future__ import annotations
