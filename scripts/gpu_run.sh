@@ -3,7 +3,8 @@
 #   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
 #   costs, graphs captured, against the next ones; real: the bench on the real weights, see below)
-# It needs, in the ignored folder .gpu/ (made on the developer's machine, carried with the call):
+# It needs, in the ignored folder .gpu/ (made on the developer's machine by scripts/gpu_pack.sh, carried
+# with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
 #           (transformers, tokenizers, huggingface_hub and its httpx2, httpcore2, truststore, peft, nltk,
 #           rouge-score), fetched with `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`
@@ -18,7 +19,8 @@ what=${1:-all}
 out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
   || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e \
+  SKIPDECODE_PROMPTS_DIR=$PWD/.gpu/prompts
 if [[ $what == real ]]; then
   # The real weights, carried in three pieces by three calls just before this one (a call may carry 64 MiB
   # with the tree; a warm machine keeps /tmp but not the last call's carried folders): made here by
