@@ -49,7 +49,6 @@ IGNORE = [
     "*/__pycache__/*", "*.pyc", "*.pyo", "*.partial-*", "*.swp", "*~", ".DS_Store", "*.log", ".env",
     ".git/*", ".venv/*", "test-artifacts/*", "tests/*", "docs/results/*", "scripts/*", "checkpoints/*", ".gradio/*",
     "flagged/*", "*.egg-info/*", ".pytest_cache/*", ".hypothesis/*", "build/*", "dist/*",
-    ".gpu/*", ".w1/*", ".w2/*", ".w3/*",  # scripts/gpu_pack.sh: data, wheels and the GGUF for a GPU machine
 ]
 # Remote files under these folders that the upload does not send are deleted in the same commit, so an
 # adapter or module removed here leaves the Space too. Files added to the Space by hand at its top stay.

@@ -572,7 +572,7 @@ def register(subparsers) -> None:
                        help="torch.compile the layer math first (compile time reported as compile_s)")
     bench.add_argument("--no-pack", action="store_true", help="plain F.linear instead of oneDNN-packed weights")
     bench.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
-                       help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)"),
+                       help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)")
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")

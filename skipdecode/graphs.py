@@ -35,7 +35,7 @@ MAX_CACHE_BYTES = 1 << 30  # ... and their caches together at most this (one ste
 
 
 def cache_bytes(dec: Decoder, batch: int, width: int) -> int:
-    element = torch.empty((), dtype=cache_dtype(dec.dtype, dec.device)).element_size()
+    element = cache_dtype(dec.dtype, dec.device).itemsize
     return dec.num_layers * 2 * batch * dec.num_kv_heads * width * dec.head_dim * element
 
 
@@ -74,8 +74,7 @@ class StaticStep:
         if self.rope is not None:
             for buffer, value in zip(self.rope, dec.rope(self.position, limit=self.width)):
                 buffer.copy_(value)
-        allowed = self.valid & (self.columns <= self.column)
-        self.mask.copy_(torch.where(allowed, 0.0, float("-inf"))[:, None, None, :])
+        self.mask.copy_(dec.attention_bias(self.valid & (self.columns <= self.column))[:, None, None, :])
 
     def _layer(self, layer: int):
         keys, values = self.cache.data[layer, 0], self.cache.data[layer, 1]
@@ -134,7 +133,7 @@ class StaticStep:
         return self.x
 
     def head(self) -> torch.Tensor:
-        self._replay(len(self.graphs) - 1 if self.graphs else -1, self._head)
+        self._replay(-1, self._head)  # the head is the last graph
         return self.logits
 
     def _replay(self, index: int, eager):
