@@ -46,6 +46,19 @@ class KVCache:
         data[:, :, :, :, :used] = self.data[:, :, rows, :, :used]
         self.data = data
 
+    def fill_rows(self, prompts: "KVCache", repeats: int):
+        """Rows r * repeats ... (r + 1) * repeats - 1 take row r of `prompts`, a cache of the prompts alone
+        (a beam search's prefill: each prompt once, then one copy per beam)."""
+        used = max(prompts.lengths)
+        self.data[:, :, :, :, :used] = prompts.data[:, :, :, :, :used].repeat_interleave(repeats, dim=2)
+        self.lengths = list(prompts.lengths)
+
+    def reorder_rows(self, rows: torch.Tensor):
+        """Row i takes row rows[i]'s keys and values (a beam search's step), in place: a graphed step's
+        cache must stay where its graphs were captured."""
+        used = max(self.lengths)
+        self.data[:, :, :, :, :used] = self.data[:, :, rows, :, :used]
+
     @property
     def batch(self) -> int:
         return self.data.shape[2]

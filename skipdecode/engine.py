@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .beam import Beam, BeamSearch
 from .cache import KVCache
 from .prompts import encode_prompt, has_chat_template
 from .sampling import Sampling, next_tokens
@@ -112,8 +113,9 @@ class Engine:
 
     # ---- generation ---------------------------------------------------------------------------
     def generate(self, prompts, schedule=None, max_new_tokens=64, sampling=Sampling(), chat=None,
-                 stop_at_eos=True, on_step: Callable[[Generation], None] | None = None) -> Generation:
-        for generation in self.stream(prompts, schedule, max_new_tokens, sampling, chat, stop_at_eos):
+                 stop_at_eos=True, on_step: Callable[[Generation], None] | None = None,
+                 beam: Beam | None = None) -> Generation:
+        for generation in self.stream(prompts, schedule, max_new_tokens, sampling, chat, stop_at_eos, beam):
             if on_step is not None:
                 on_step(generation)
         return generation
@@ -121,7 +123,10 @@ class Engine:
     @torch.inference_mode()
     def stream(self, prompts, schedule: Schedule | None = None, max_new_tokens: int = 64,
                sampling: Sampling = Sampling(), chat: bool | None = None,
-               stop_at_eos: bool = True) -> Iterator[Generation]:
+               stop_at_eos: bool = True, beam: Beam | None = None) -> Iterator[Generation]:
+        """Yields the generation after every position. `beam` (width > 1) searches instead of choosing each
+        token alone (skipdecode/beam.py): the batch then holds width rows per prompt, and each prompt's
+        output is its best beam (while decoding, its best so far); `sampling` and `stop_at_eos` do not apply."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
@@ -132,6 +137,10 @@ class Engine:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
         encoded = [self.encode(p, chat) for p in prompts]
+        if beam is not None and beam.width > 1:  # each prompt's beams are rows of the batch
+            encoded = [ids for ids in encoded for _ in range(beam.width)]
+        else:
+            beam = None
         B, P = len(encoded), max(len(ids) for ids in encoded)
         width = P + max_new_tokens
         if width > dec.max_positions:
@@ -151,7 +160,7 @@ class Engine:
                                                            dec.dtype)
         try:
             yield from self._decode(prompts, encoded, policy, dec, cache, static, ids, valid, bias, width,
-                                    max_new_tokens, sampling, stop_at_eos)
+                                    max_new_tokens, sampling, stop_at_eos, beam)
         finally:
             if static:
                 self._steps.give(static)
@@ -170,45 +179,60 @@ class Engine:
         return self._steps.take(batch, width)
 
     def _decode(self, prompts, encoded, policy, dec, cache, static, ids, valid, bias, width, max_new_tokens,
-                sampling, stop_at_eos):
+                sampling, stop_at_eos, beam):
         L, B, P, device = self.num_layers, len(encoded), ids.shape[1], dec.device
-        generator = sampling.generator(device)
+        generator = None if beam else sampling.generator(device)
+        search = BeamSearch(beam, len(prompts), self.eos_ids, max_new_tokens, device) if beam else None
         trace = Trace(L, B, P, policy.to_dict())
-        gen = Generation(prompts, [[] for _ in range(B)], [False] * B, trace, self.tokenizer)
+        gen = Generation(prompts, [[] for _ in prompts], [False] * len(prompts), trace, self.tokenizer)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-        # Prefill: every layer on the whole prompt; a pad column may attend only to itself.
+        # Prefill: every layer on the whole prompt; a pad column may attend only to itself. The beams of a
+        # prompt share it: it runs once per prompt, and its keys and values are copied to every beam's row.
         started = time.perf_counter()
-        positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)
+        K = search.K if search else 1
+        positions = (valid[::K, :P].long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-        mask = dec.attention_bias((causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device))
-        x, rope = dec.embed(ids, positions), dec.rope(positions, limit=width)
+        mask = dec.attention_bias((causal & valid[::K, None, :P]) | torch.eye(P, dtype=torch.bool, device=device))
+        x, rope = dec.embed(ids[::K], positions), dec.rope(positions, limit=width)
+        shared = cache if K == 1 else KVCache(L, B // K, dec.num_kv_heads, P, dec.head_dim, device, dec.dtype)
         for layer in range(L):
-            x = dec.block(layer, x, rope, mask[:, None], *cache.claim(layer, 0, P), 0)
-        token = next_tokens(dec.logits(x[:, -1]), sampling, generator)
+            x = dec.block(layer, x, rope, mask[:, None], *shared.claim(layer, 0, P), 0)
+        logits = dec.logits(x[:, -1])
+        if K > 1:
+            cache.fill_rows(shared, K)
+            logits, positions = logits.repeat_interleave(K, 0), positions.repeat_interleave(K, 0)
+        token = self._choose(logits, sampling, generator, search, cache)
         position = positions[:, -1:] + 1
         rows = list(range(B))  # original row of each row still in the batch
         sync()
         trace.prefill_ms = (time.perf_counter() - started) * 1000.0
 
         for step in range(max_new_tokens):
-            # Record what the last forward produced; drop rows that have finished.
-            keep = []
-            for i, (row, t) in enumerate(zip(rows, token.tolist())):
-                if not gen.finished[row]:
-                    gen.token_ids[row].append(t)
-                    trace.generated_tokens += 1
-                    gen.finished[row] = (stop_at_eos and t in self.eos_ids) or len(gen.token_ids[row]) == max_new_tokens
-                if not gen.finished[row]:
-                    keep.append(i)
-            if not keep:
-                break
-            if not static and _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
-                index = torch.tensor(keep, device=device)
-                cache.keep_rows(index)
-                token, position = token[index], position[index]
-                bias = bias[index] if bias is not None else None
-                rows = [rows[i] for i in keep]
+            if search:  # a prompt's output is its best beam so far; beams are reordered, never dropped
+                gen.token_ids = [search.best(p) for p in range(len(prompts))]
+                gen.finished = [not still for still in search.open]
+                trace.generated_tokens += B
+                if search.done:
+                    break
+            else:  # record what the last forward produced; drop rows that have finished
+                keep = []
+                for i, (row, t) in enumerate(zip(rows, token.tolist())):
+                    if not gen.finished[row]:
+                        gen.token_ids[row].append(t)
+                        trace.generated_tokens += 1
+                        gen.finished[row] = ((stop_at_eos and t in self.eos_ids)
+                                             or len(gen.token_ids[row]) == max_new_tokens)
+                    if not gen.finished[row]:
+                        keep.append(i)
+                if not keep:
+                    break
+                if not static and _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
+                    index = torch.tensor(keep, device=device)
+                    cache.keep_rows(index)
+                    token, position = token[index], position[index]
+                    bias = bias[index] if bias is not None else None
+                    rows = [rows[i] for i in keep]
             yield gen
 
             # Position `step`: the policy runs the column's layers (for a schedule: the same for every row).
@@ -222,7 +246,7 @@ class Engine:
                 mask = bias[:, None, None, : column + 1] if bias is not None else None
                 x, record = policy.run(dec, cache, step, column, x, rope, mask)
                 logits = dec.logits(x[:, -1])
-            token = next_tokens(logits, sampling, generator)
+            token = self._choose(logits, sampling, generator, search, cache)
             position += 1
             sync()
             record.ms = (time.perf_counter() - started) * 1000.0
@@ -230,6 +254,16 @@ class Engine:
         trace.cache_lengths = list(cache.lengths)
         gen.done = True
         yield gen
+
+
+    @staticmethod
+    def _choose(logits, sampling, generator, search, cache):
+        """The next token of every row; a beam search also moves the cache rows to the beams they continue."""
+        if search is None:
+            return next_tokens(logits, sampling, generator)
+        token, origin = search.step(logits)
+        cache.reorder_rows(origin)
+        return token
 
 
 def _own_memory(model: torch.nn.Module) -> None:

@@ -105,6 +105,7 @@ def score(items: list[Item], outputs: list[str]) -> dict[str, float]:
     bleu = sacrebleu.corpus_bleu(outputs, streams)
     return {
         "bleu": bleu.score,
+        "bleu_e2e": sacrebleu.corpus_bleu(outputs, streams, lowercase=True).score,
         "rouge_l": sum(rouge) / len(rouge),
         "chrf": sacrebleu.corpus_chrf(outputs, streams).score,
         "ser": 100.0 * slot_error_rate(items, outputs),
@@ -140,16 +141,19 @@ class Row:
     decode_speedup: float  # ms_per_token of the fine-tuned 1x row / this row's, same run
     mrs: int
     tokens: int
+    beams: int = 1  # 1: greedy; else beam search of that width (length penalty in the run's command)
+    bleu_e2e: float = 0.0  # BLEU as the E2E challenge's script computes it: case-insensitive
 
 
-def decode(engine, items: list[Item], schedule, batch_size: int, max_new_tokens: int, progress=None):
-    """Greedy outputs in item order, batched by prompt length; decode ms, decoded tokens, layer total."""
+def decode(engine, items: list[Item], schedule, batch_size: int, max_new_tokens: int, progress=None, beam=None):
+    """Greedy outputs (or `beam` search's) in item order, batched by prompt length; decode ms per decoded
+    token (a beam's token counts as one), layers per output token, output tokens."""
     order = sorted(range(len(items)), key=lambda i: len(items[i].prompt))
     outputs = [""] * len(items)
     decode_ms = decoded = layers = tokens = 0
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        result = engine.generate([items[i].prompt for i in chunk], schedule, max_new_tokens)
+        result = engine.generate([items[i].prompt for i in chunk], schedule, max_new_tokens, beam=beam)
         for i, text in zip(chunk, result.texts):
             outputs[i] = text.strip()
         decode_ms += result.trace.decode_ms
@@ -234,7 +238,7 @@ def _check_lineage(info, split: str, share: float, seen: set) -> None:
 def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batch_size=16, max_new_tokens=64,
              horizon=None, warmup=None, compare_adapters=False, untrained_skip=False, untrained=True, model=None,
              outputs_path: Path | None = None, split: str = "test", made_up_names: bool = False,
-             validation_share: float = VALIDATION_SHARE, baseline=None) -> list[Row]:
+             validation_share: float = VALIDATION_SHARE, baseline=None, beam=None) -> list[Row]:
     from tqdm.auto import tqdm
 
     from .engine import Engine
@@ -255,10 +259,11 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
         L = engine.num_layers
         schedule = trained_schedule(info, speedup, L, horizon, warmup)
         bar.set_postfix_str(f"{label} {speedup:g}x {key}")
-        outputs, ms, layers, tokens = decode(engine, items, schedule, batch_size, max_new_tokens, bar)
+        outputs, ms, layers, tokens = decode(engine, items, schedule, batch_size, max_new_tokens, bar, beam)
         all_outputs[f"{label} {speedup:g}x {key}"] = outputs
         rows.append(Row(f"{label} {speedup:g}x", engine.base_name, key, speedup, **score(items, outputs),
-                        avg_layers=layers, ms_per_token=ms, decode_speedup=0.0, mrs=len(items), tokens=tokens))
+                        avg_layers=layers, ms_per_token=ms, decode_speedup=0.0, mrs=len(items), tokens=tokens,
+                        beams=beam.width if beam else 1))
         if key not in keys[i + 1:]:  # free a merged model no later row needs (eleven held 12 GB)
             del engines[key], engine
     bar.close()
@@ -274,11 +279,11 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| row | adapter | BLEU | ROUGE-L | chrF | SER % | names % | length % | layers/token |"
+    head = ("| row | adapter | BLEU (E2E script's, uncased) | ROUGE-L | chrF | SER % | names % | length % | layers/token |"
             " decode speedup |")
     lines = [head, "|" + "---|" * 10]
     for r in rows:
-        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | "
+        lines.append(f"| {r.row} | {r.adapter} | {r.bleu:.1f} ({r.bleu_e2e:.1f}) | {r.rouge_l:.1f} | {r.chrf:.1f} | {r.ser:.1f} | "
                      f"{r.names:.1f} | {r.length:.1f} | {r.avg_layers:.1f} | {r.decode_speedup:.2f}x |")
     return "\n".join(lines)
 
@@ -321,7 +326,12 @@ def register(subparsers) -> None:
     p.add_argument("--untrained-skip", action="store_true", help="also the untrained model at each speedup")
     p.add_argument("--no-untrained", action="store_true",
                    help="leave out the untrained 1x row (the same in every run on a split: once is enough)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per batch (with --beams, each is that many rows)")
+    p.add_argument("--beams", type=int, default=1,
+                   help="beam search of this width for every row (default 1: greedy), as the E2E challenge's systems "
+                        "decode; results go to <prefix>-beamsN")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="with --beams: finished hypotheses score log-probability / length ** this (transformers')")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (with --prompts 96)")
     p.add_argument("--horizon", type=int, default=None, help="default: the adapter's training horizon")
     p.add_argument("--model", default=None)
@@ -333,15 +343,16 @@ def register(subparsers) -> None:
     p.set_defaults(func=_cmd_eval)
 
 
-def run_name(split: str = "test", made_up_names: bool = False, limit: int | None = None, data=None) -> str:
-    """A results prefix's file name: e2e[-validation][-made-up-names][-<data file>][-limitN]."""
+def run_name(split: str = "test", made_up_names: bool = False, limit: int | None = None, data=None,
+             beams: int = 1) -> str:
+    """A results prefix's file name: e2e[-validation][-made-up-names][-<data file>][-limitN][-beamsK]."""
     name = "e2e" + ("" if split == "test" else f"-{split}") + ("-made-up-names" if made_up_names else "")
     name += "" if data is None else f"-{Path(data).stem}"
-    return name + ("" if limit is None else f"-limit{limit}")
+    return name + ("" if limit is None else f"-limit{limit}") + ("" if beams == 1 else f"-beams{beams}")
 
 
 def default_prefix(split: str = "test", data=None, limit: int | None = None, made_up_names: bool = False,
-                   validation_share: float = VALIDATION_SHARE) -> Path | None:
+                   validation_share: float = VALIDATION_SHARE, beams: int = 1) -> Path | None:
     """Where an eval without --out writes, for the project's own full runs only: assets/results/<run_name>
     for the E2E test set (the app shows it, the README quotes it), docs/results/<run_name> for the devset
     MRs held out at the default share (the validation rounds, with the research log); None for any other run (another --data, a --limit,
@@ -349,24 +360,33 @@ def default_prefix(split: str = "test", data=None, limit: int | None = None, mad
     own = data is None and limit is None and (split != "validation" or validation_share == VALIDATION_SHARE)
     if not own:
         return None
-    return (RESULTS_DIR if split == "test" else VALIDATION_DIR) / run_name(split, made_up_names)
+    return (RESULTS_DIR if split == "test" else VALIDATION_DIR) / run_name(split, made_up_names, beams=beams)
 
 
 def output_prefix(args) -> Path:
     """--out when given, else the default prefix, else <a fresh temporary folder>/<run_name>."""
     if args.out:
         return Path(args.out)
-    prefix = default_prefix(args.split, args.data, args.limit, args.made_up_names, args.validation_share)
+    beams = getattr(args, "beams", 1)
+    prefix = default_prefix(args.split, args.data, args.limit, args.made_up_names, args.validation_share, beams)
     if prefix is not None:
         return prefix
-    name = run_name(args.split, args.made_up_names, args.limit, args.data)
+    name = run_name(args.split, args.made_up_names, args.limit, args.data, beams)
     return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{name}-")) / name
+
+
+def _beam(args):
+    from .beam import Beam
+
+    return None if args.beams == 1 else Beam(args.beams, args.length_penalty)
 
 
 def _cmd_eval(args) -> int:
     if args.prompts is not None:  # general chat prompts against full-depth answers: general.py
         from .general import cmd_eval
 
+        if args.beams != 1:
+            raise ValueError("--beams decodes E2E meaning representations; eval --prompts compares greedy answers")
         return cmd_eval(args)
     args.speedups, args.max_new_tokens = args.speedups or "1,2,3,4,5", args.max_new_tokens or 64
     prefix = output_prefix(args)
@@ -391,7 +411,7 @@ def _eval_to(prefix: Path, args) -> int:
                     untrained_skip=args.untrained_skip, untrained=not args.no_untrained, model=args.model,
                     outputs_path=prefix.with_name(prefix.name + "-outputs.jsonl"), split=args.split,
                     made_up_names=args.made_up_names, validation_share=args.validation_share,
-                    baseline=args.baseline)
+                    baseline=args.baseline, beam=_beam(args))
     write(rows, prefix)
     human = human_scores(load_items(args.data, args.split, args.made_up_names, args.limit, args.validation_share))
     prefix.with_name(prefix.name + "-human.json").write_text(json.dumps({k: round(v, 3) for k, v in human.items()}))

@@ -165,7 +165,10 @@ def test_bench_missing_data_is_a_clear_error(tmp_path):
 
 
 def test_compiled_layers_give_the_same_tokens():
-    """`bench --compile`: the compiled layer math (packed products through the custom op) is the same math."""
+    """`bench --compile`: the compiled layer math (packed products through the custom op) is the same math.
+    Traced by dynamo and AOT autograd as `--compile` traces it, then run by the aot_eager backend: the part
+    that is ours (the custom op, its fake, the in-place cache writes) is checked in seconds; inductor's
+    C++ code generation, which took 50-90 s of the suite here, is torch's to test."""
     from conftest import IdTokenizer, tiny_model
     from skipdecode.engine import Engine
 
@@ -173,7 +176,7 @@ def test_compiled_layers_give_the_same_tokens():
     batch = [[1, 17, 43, 99, 5], [1, 250, 7]]
     schedule = Schedule(4, 4, 2, warmup=1, horizon=5)
     eager = [engine.generate(batch, s, max_new_tokens=10, stop_at_eos=False).token_ids for s in (None, schedule)]
-    engine.decoder.compile()
+    engine.decoder.compile(backend="aot_eager")
     compiled = [engine.generate(batch, s, max_new_tokens=10, stop_at_eos=False).token_ids for s in (None, schedule)]
     assert compiled == eager
 

@@ -30,6 +30,15 @@ def test_outputs_equal_to_references_score_100():
     assert result["rouge_l"] == pytest.approx(100.0)
     assert result["chrf"] == pytest.approx(100.0)
     assert result["ser"] == 0.0 and result["names"] == 100.0 and result["length"] == pytest.approx(100.0)
+    assert result["bleu_e2e"] == pytest.approx(100.0)
+
+
+def test_the_challenges_bleu_ignores_case():
+    """The E2E challenge's script (e2e-metrics, pymteval) matches n-grams case-insensitively; sacrebleu's
+    default does not."""
+    shouted = [EAGLE.refs[1].upper(), MILL.refs[0].lower()]
+    result = score([EAGLE, MILL], shouted)
+    assert result["bleu_e2e"] == pytest.approx(100.0) and result["bleu"] < 50
 
 
 def test_length_is_output_words_per_reference_word():
@@ -297,6 +306,8 @@ def test_only_the_projects_own_full_runs_write_to_assets_results():
     assert default_prefix(data="other.csv") is None  # another file: never over the shipped e2e.csv
     assert default_prefix(limit=3) is None and default_prefix("validation", limit=3) is None
     assert default_prefix("validation", validation_share=0.2) is None  # other MRs than e2e-validation's
+    assert default_prefix(beams=4) == RESULTS_DIR / "e2e-beams4"  # a beam-search table beside the greedy one
+    assert default_prefix("dev", made_up_names=True, beams=4) == VALIDATION_DIR / "e2e-dev-made-up-names-beams4"
 
 
 def _eval_args(*argv):
