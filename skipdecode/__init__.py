@@ -6,12 +6,13 @@
     result.texts, result.trace.to_frame()
 """
 
+from .beam import Beam
 from .engine import Engine, Generation
 from .models import DEFAULT_MODEL, load_model
 from .sampling import Sampling
 from .schedule import Schedule, for_speedup
 from .trace import StepRecord, Trace
 
-__all__ = ["Engine", "Generation", "Sampling", "Schedule", "StepRecord", "Trace", "for_speedup", "load_model",
+__all__ = ["Beam", "Engine", "Generation", "Sampling", "Schedule", "StepRecord", "Trace", "for_speedup", "load_model",
            "DEFAULT_MODEL"]
 __version__ = "0.1.0"

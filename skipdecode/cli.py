@@ -83,17 +83,22 @@ def spans(layers) -> str:
 
 def cmd_generate(args) -> int:
     from .adapters import run_speedup
+    from .beam import Beam
     from .engine import Engine
     from .sampling import Sampling
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    beam = Beam(args.beams, args.length_penalty)
+    if beam.width > 1 and sampling != Sampling(seed=args.seed):
+        raise ValueError("--beams searches for the likeliest output: it does not sample (drop --temperature, "
+                         "--top-p, --top-k)")
     adapter, why = default_adapter(args)
     print(f"[adapter] {why}", file=sys.stderr)
     if args.adapter is None and args.speedup is not None:  # picked for us: run where it was trained
         args.speedup = run_speedup(adapter, args.speedup)
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
     schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens, engine.adapter)
-    live = not args.json and len(args.prompt) == 1
+    live = not args.json and len(args.prompt) == 1 and beam.width == 1  # a search's best beam changes: no stream
     shown = [""]
 
     def show(generation):  # stream a single prompt's text as it grows
@@ -103,7 +108,7 @@ def cmd_generate(args) -> int:
         shown[0] = text
 
     result = engine.generate(args.prompt, schedule, args.max_new_tokens, sampling, chat=not args.no_chat,
-                             on_step=show if live else None)
+                             on_step=show if live else None, beam=beam)
     trace = result.trace
     if args.json:
         print(json.dumps({
@@ -124,7 +129,8 @@ def cmd_generate(args) -> int:
     else:
         for prompt, text in zip(args.prompt, result.texts):
             print(f"### {prompt}\n{text}\n")
-    print(f"[{engine.name}: {trace.generated_tokens} tokens, {trace.average_layers:.1f}/{engine.num_layers} layers "
+    beams = f" over {beam.width} beams" if beam.width > 1 else ""
+    print(f"[{engine.name}: {trace.generated_tokens} tokens{beams}, {trace.average_layers:.1f}/{engine.num_layers} layers "
           f"per position, prefill {trace.prefill_ms:.0f} ms, decode {trace.decode_ms:.0f} ms, "
           f"{trace.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
     return 0
@@ -164,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--beams", type=int, default=1, help="beam search of this width (default 1: no search)")
+    gen.add_argument("--length-penalty", type=float, default=1.0,
+                     help="with --beams: a finished beam scores log-probability / length ** this")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto")

@@ -109,3 +109,20 @@ def test_bad_settings_are_clear_errors():
         Beam(2.5)
     with pytest.raises(ValueError, match="length_penalty"):
         Beam(4, float("nan"))
+
+
+def test_generate_command_searches_with_beams(capsys):
+    import json
+
+    from skipdecode.adapters import find_adapter, trained_schedule
+    from skipdecode.cli import main
+
+    prompt = "name[The Eagle], eatType[pub], area[riverside]"
+    assert main(["generate", "--prompt", prompt, "--speedup", "3", "--max-new-tokens", "12", "--beams", "3",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["outputs"][0]
+    engine = Engine.load(adapter="e2e-all")
+    schedule = trained_schedule(find_adapter("e2e-all"), 3, engine.num_layers, None, None)
+    assert out["token_ids"] == engine.generate([prompt], schedule, 12, beam=Beam(3)).token_ids[0]
+    assert main(["generate", "--prompt", prompt, "--beams", "3", "--temperature", "0.7"]) == 2
+    assert "does not sample" in capsys.readouterr().err
