@@ -426,3 +426,22 @@ def test_paired_bootstrap_tells_a_real_gain_from_a_tie(tmp_path):
     assert short.score < half.score < 100 and abs(half.score - other.score) < 1 and other.p_value > 0.2
     with pytest.raises(SystemExit, match="no row 'nope'"):
         paired_bootstrap(out, "copy", "nope", data=tmp_path / "refs.csv")
+
+
+def test_rescore_adds_the_new_metrics_and_keeps_what_decoding_measured(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from rescore_e2e import rescore
+
+    from skipdecode.evaluate import load_items
+
+    items = load_items(None, "test", limit=3)
+    outputs = [item.refs[0].upper() for item in items]
+    prefix = tmp_path / "e2e"
+    (tmp_path / "e2e-outputs.jsonl").write_text(
+        "".join(json.dumps({"mr": item.mr, "fine-tuned 1x e2e-1x": out}) + "\n" for item, out in zip(items, outputs)))
+    (tmp_path / "e2e.csv").write_text("row,adapter,bleu,ser,ms_per_token\nfine-tuned 1x,e2e-1x,1.0,99.0,3.5\n")
+    frame = rescore(prefix)
+    expected = score(items, outputs)
+    assert frame.loc[0, "bleu_e2e"] == pytest.approx(expected["bleu_e2e"], abs=1e-3)
+    assert frame.loc[0, "bleu"] == pytest.approx(expected["bleu"], abs=1e-3) and frame.loc[0, "ms_per_token"] == 3.5
+    assert json.loads((tmp_path / "e2e.json").read_text())[0]["bleu_e2e"] == frame.loc[0, "bleu_e2e"]
