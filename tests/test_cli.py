@@ -1,14 +1,30 @@
-"""The command line, run as a user runs it: a subprocess with stdout parsed."""
+"""The command line: once run as a user runs it (a subprocess, stdout parsed), otherwise through its
+`main()` in this process, the same code without an interpreter's start (4-5 s each here)."""
 
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
 
 from conftest import PROMPTS
+from skipdecode.cli import main
 
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", "skipdecode", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def cli(capsys):
+    """`skipdecode ARGS` in-process: returncode, stdout and stderr, like subprocess.run's."""
+    def call(*args):
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return call
 
 
 def test_generate_json_is_one_object_with_the_documented_fields():
@@ -27,26 +43,26 @@ def test_generate_json_is_one_object_with_the_documented_fields():
     assert data["tokens_per_s"] > 0
 
 
-def test_generate_speedup_one_is_full_decoding():
-    done = run("generate", "--prompt", PROMPTS[1], "--speedup", "1", "--max-new-tokens", "6", "--json")
+def test_generate_speedup_one_is_full_decoding(cli):
+    done = cli("generate", "--prompt", PROMPTS[1], "--speedup", "1", "--max-new-tokens", "6", "--json")
     data = json.loads(done.stdout)
     assert all(s["layers"] == list(range(30)) for s in data["steps"])
 
 
-def test_generate_bad_schedule_is_a_clear_error():
-    done = run("generate", "--prompt", "hi", "--max-budget", "4", "--min-budget", "9")
+def test_generate_bad_schedule_is_a_clear_error(cli):
+    done = cli("generate", "--prompt", "hi", "--max-budget", "4", "--min-budget", "9")
     assert done.returncode == 2
     assert "min_budget must be an integer in [3, 4]" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_schedule_command_prints_every_position():
-    done = run("schedule", "--speedup", "3", "--num-layers", "30", "--horizon", "10", "--json")
+def test_schedule_command_prints_every_position(cli):
+    done = cli("schedule", "--speedup", "3", "--num-layers", "30", "--horizon", "10", "--json")
     data = json.loads(done.stdout)
     assert len(data["steps"]) == 11 and data["steps"][0]["layers"][:2] == [0, 1]
-    text = run("schedule", "--speedup", "3", "--num-layers", "30", "--horizon", "10")
+    text = cli("schedule", "--speedup", "3", "--num-layers", "30", "--horizon", "10")
     assert text.returncode == 0 and "warm-up 2" in text.stdout and "#" in text.stdout
-    flat = json.loads(run("schedule", "--speedup", "3", "--num-layers", "30", "--spread", "1", "--json").stdout)
+    flat = json.loads(cli("schedule", "--speedup", "3", "--num-layers", "30", "--spread", "1", "--json").stdout)
     assert {s["budget"] for s in flat["steps"]} == {10}
-    both = run("schedule", "--max-budget", "10", "--min-budget", "5", "--spread", "1", "--num-layers", "30")
+    both = cli("schedule", "--max-budget", "10", "--min-budget", "5", "--spread", "1", "--num-layers", "30")
     assert both.returncode == 2 and "--spread shapes a --speedup schedule" in both.stderr

@@ -260,12 +260,14 @@ def test_merge_adapter_changes_weights_and_refuses_another_model(tmp_path):
         adapters.merge_adapter(tiny_model("gpt2"), info, "tiny")
 
 
-def test_eval_command_json_rows(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--limit", "3", "--speedups", "1,3",
-                           "--max-new-tokens", "24", "--out", str(tmp_path / "new" / "e2e"), "--json"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout)
+def test_eval_command_json_rows(tmp_path, capsys):
+    from skipdecode.cli import main
+
+    code = main(["eval", "--limit", "3", "--speedups", "1,3", "--max-new-tokens", "24", "--out",
+                 str(tmp_path / "new" / "e2e"), "--json"])  # in-process: the command's code, no interpreter start
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    rows = json.loads(out)
     assert rows[0]["row"] == "untrained 1x" and rows[-1]["speedup"] == 3.0
     for row in rows:
         assert {"bleu", "rouge_l", "chrf", "ser", "avg_layers", "decode_speedup", "adapter"} <= set(row)
