@@ -207,6 +207,9 @@ class Callbacks:
             shown += [table.message,
                       gr.Dataframe(table.frame if present else pd.DataFrame(), visible=present),
                       gr.Plot(_safe_figure(figure, table.frame) if present else None, visible=present)]
+        beams = load_table("e2e-beams4")  # the same adapters decoded by beam search: a table, no plot
+        shown += [beams.message, gr.Dataframe(beams.frame if beams.frame is not None else pd.DataFrame(),
+                                              visible=beams.frame is not None)]
         return tuple(shown)
 
 

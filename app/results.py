@@ -18,10 +18,12 @@ from . import plots
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
 SOURCES = {
     "e2e": ("e2e.csv", "skipdecode eval --compare-adapters"),
+    "e2e-beams4": ("e2e-beams4.csv", "skipdecode eval --speedups 1,2,3,5 --no-untrained --beams 4"),
     "bench": ("bench.csv", "skipdecode bench"),
 }
 FIRST_COLUMNS = {  # what a reader looks for first, in this order; the other columns follow as written
-    "e2e": ("row", "adapter", "served", "speedup", "bleu", "ser", "names", "decode_speedup"),
+    "e2e": ("row", "adapter", "served", "speedup", "bleu", "bleu_e2e", "ser", "names", "decode_speedup"),
+    "e2e-beams4": ("row", "adapter", "speedup", "bleu", "bleu_e2e", "ser", "names", "decode_speedup"),
     "bench": ("method", "speedup", "batch_size", "measured_speedup", "tokens_per_s", "bound"),
 }
 log = logging.getLogger("skipdecode.app")

@@ -20,6 +20,22 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture
+def cli(capsys):
+    """`skipdecode ARGS` run by its `main()` in this process (the command's code without an interpreter's
+    start, 4-5 s each here): returncode, stdout and stderr, like subprocess.run's."""
+    from types import SimpleNamespace
+
+    from skipdecode.cli import main
+
+    def call(*args):
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return call
+
+
 @pytest.fixture(scope="session")
 def engine():
     """The default model (bundled SmolLM2-135M-Instruct), loaded once for the whole session."""

@@ -4,27 +4,11 @@
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
-
-import pytest
-
 from conftest import PROMPTS
-from skipdecode.cli import main
 
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", "skipdecode", *args], capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture
-def cli(capsys):
-    """`skipdecode ARGS` in-process: returncode, stdout and stderr, like subprocess.run's."""
-    def call(*args):
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
-
-    return call
 
 
 def test_generate_json_is_one_object_with_the_documented_fields():

@@ -1,9 +1,6 @@
 """The prompt router, the adapter each prompt gets (and why), and the CLI's default for a general prompt."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -155,12 +152,11 @@ def test_the_cli_says_which_adapter_runs_and_why(folder):
 
 
 @pytest.mark.slow
-def test_the_default_for_a_general_prompt_at_1x_is_the_base_model_token_for_token(engine):
+def test_the_default_for_a_general_prompt_at_1x_is_the_base_model_token_for_token(engine, cli, monkeypatch):
     """With the adapters as shipped (E2E only, e2e-1x among them), `generate` runs a general prompt at
     --speedup 1 on the base model at full depth: what transformers' greedy generate gives."""
-    env = {k: v for k, v in os.environ.items() if k != adapters.ADAPTERS_ENV}
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "generate", "--prompt", QUESTION, "--speedup", "1",
-                           "--max-new-tokens", "8", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    monkeypatch.delenv(adapters.ADAPTERS_ENV, raising=False)
+    done = cli("generate", "--prompt", QUESTION, "--speedup", "1", "--max-new-tokens", "8", "--json")
     assert done.returncode == 0, done.stderr
     assert "[adapter] base model: a general prompt at 1x (the full-depth reference)" in done.stderr
     data = json.loads(done.stdout)
@@ -174,20 +170,18 @@ def test_the_default_for_a_general_prompt_at_1x_is_the_base_model_token_for_toke
 
 
 @pytest.mark.slow
-def test_generate_runs_the_picked_adapter_at_the_nearest_speedup_it_was_trained_for():
+def test_generate_runs_the_picked_adapter_at_the_nearest_speedup_it_was_trained_for(cli, monkeypatch):
     """The shipped E2E adapters hold up only at their own speedups (docs/e2e-train-split.md, 4x): asked for
     4x, `generate` runs the picked one at its nearest trained speedup, says so, and its JSON shows that plan;
     an explicit --adapter runs the speedup asked."""
-    env = {k: v for k, v in os.environ.items() if k != adapters.ADAPTERS_ENV}
+    monkeypatch.delenv(adapters.ADAPTERS_ENV, raising=False)
     picked = adapters.pick_adapter(4.0, prompt=MR)[0]
     if picked is None or 4.0 in picked.speedups:
         pytest.skip("needs shipped E2E adapters none of which is trained for 4x")
     ran = adapters.run_speedup(picked, 4.0)
 
     def generate(*extra):
-        done = subprocess.run([sys.executable, "-m", "skipdecode", "generate", "--prompt", MR, "--speedup", "4",
-                               "--max-new-tokens", "2", "--json", *extra], capture_output=True, text=True,
-                              timeout=300, env=env)
+        done = cli("generate", "--prompt", MR, "--speedup", "4", "--max-new-tokens", "2", "--json", *extra)
         assert done.returncode == 0, done.stderr
         return done.stderr, json.loads(done.stdout)["schedule"]
 
