@@ -53,11 +53,21 @@ class KVCache:
         self.data[:, :, :, :, :used] = prompts.data[:, :, :, :, :used].repeat_interleave(repeats, dim=2)
         self.lengths = list(prompts.lengths)
 
-    def reorder_rows(self, rows: torch.Tensor):
+    def reorder_rows(self, rows: torch.Tensor, start: int = 0):
         """Row i takes row rows[i]'s keys and values (a beam search's step), in place: a graphed step's
-        cache must stay where its graphs were captured."""
-        used = max(self.lengths)
-        self.data[:, :, :, :, :used] = self.data[:, :, rows, :, :used]
+        cache must stay where its graphs were captured. Only columns from `start` on are copied, and in
+        each layer only those it holds: the beams of a prompt share its columns before `start`, and a
+        layer the schedule skipped holds nothing past them, so the copy shrinks with the budget."""
+        for layer, length in enumerate(self.lengths):
+            if length > start:
+                self.data[layer, :, :, :, start:length] = self.data[layer, :, rows, :, start:length]
+
+    def fill_rows(self, prompts: "KVCache", repeats: int):
+        """Rows r * repeats ... (r + 1) * repeats - 1 take row r of `prompts`, a cache of the prompts alone
+        (a beam search's prefill: each prompt once, then one copy per beam)."""
+        used = max(prompts.lengths)
+        self.data[:, :, :, :, :used] = prompts.data[:, :, :, :, :used].repeat_interleave(repeats, dim=2)
+        self.lengths = list(prompts.lengths)
 
     @property
     def batch(self) -> int:

@@ -202,7 +202,7 @@ class Engine:
         if K > 1:
             cache.fill_rows(shared, K)
             logits, positions = logits.repeat_interleave(K, 0), positions.repeat_interleave(K, 0)
-        token = self._choose(logits, sampling, generator, search, cache)
+        token = self._choose(logits, sampling, generator, search, cache, P)
         position = positions[:, -1:] + 1
         rows = list(range(B))  # original row of each row still in the batch
         sync()
@@ -246,7 +246,7 @@ class Engine:
                 mask = bias[:, None, None, : column + 1] if bias is not None else None
                 x, record = policy.run(dec, cache, step, column, x, rope, mask)
                 logits = dec.logits(x[:, -1])
-            token = self._choose(logits, sampling, generator, search, cache)
+            token = self._choose(logits, sampling, generator, search, cache, P)
             position += 1
             sync()
             record.ms = (time.perf_counter() - started) * 1000.0
@@ -257,12 +257,13 @@ class Engine:
 
 
     @staticmethod
-    def _choose(logits, sampling, generator, search, cache):
-        """The next token of every row; a beam search also moves the cache rows to the beams they continue."""
+    def _choose(logits, sampling, generator, search, cache, prompt_columns):
+        """The next token of every row; a beam search also moves the cache rows to the beams they continue
+        (the prompt's columns, the same in every beam of a prompt, stay)."""
         if search is None:
             return next_tokens(logits, sampling, generator)
         token, origin = search.step(logits)
-        cache.reorder_rows(origin)
+        cache.reorder_rows(origin, prompt_columns)
         return token
 
 
