@@ -33,6 +33,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from pathlib import Path
 from .data import E2E_ENV, read_items, resolve
 
 E2E_TEST = "testset_w_refs.csv"
-DEFAULT_OUT = Path("assets") / "results" / "bench.csv"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "results" / "bench.csv"  # the app shows it
 TABLE_FILE = Path("docs") / "speed.md"  # where `--readme` with no path writes the table (between the markers)
 README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode bench: end -->"
 GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3}
@@ -530,8 +531,10 @@ def cmd_bench(args) -> int:
               "read_gb_s": rows[0]["read_gb_s"], "labels": labels,
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "seconds": round(time.perf_counter() - started, 1), "rows": rows, "goals": goal_rows}
-    if args.out:
-        write_results(rows, report, Path(args.out))
+    out = output_path(args.out, args.readme)
+    if out:
+        write_results(rows, report, Path(out))
+        say(f"results written to {out} and its .json")
     if args.readme:
         update_readme(Path(args.readme), report)
     if args.json:
@@ -540,6 +543,17 @@ def cmd_bench(args) -> int:
         print(headline(report))
         print(markdown(rows, goal_rows))
     return 0
+
+
+def output_path(out: str | None, readme: str | None) -> str:
+    """--out as given ('' for none); else assets/results/bench.csv for a run that writes the docs' table
+    (--readme), which the app's Results tab then shows beside it; any other run goes to a fresh temporary
+    folder, so that a quick measurement never replaces the shipped table."""
+    if out is not None:
+        return out
+    if readme:
+        return str(DEFAULT_OUT)
+    return str(Path(tempfile.mkdtemp(prefix="skipdecode-bench-")) / "bench.csv")
 
 
 def compile_engine(engine, items, batch_sizes, new_tokens, say) -> float:
@@ -576,7 +590,9 @@ def register(subparsers) -> None:
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")
-    bench.add_argument("--out", default=str(DEFAULT_OUT), help="CSV to write (and .json beside it); '' for none")
+    bench.add_argument("--out", default=None,
+                       help="CSV to write (and .json beside it); '' for none (default: assets/results/bench.csv with "
+                            "--readme, the table the docs and the app show; otherwise a temporary folder)")
     bench.add_argument("--readme", nargs="?", const=str(TABLE_FILE), default=None,
                        help=f"also write the table into this file (alone: {TABLE_FILE}) between "
                             f"'{README_BEGIN}' and '{README_END}'")

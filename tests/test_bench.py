@@ -4,6 +4,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,12 @@ def test_readme_option_defaults_to_the_table_file():
     assert parser.parse_args(["bench", "--readme", "--repeats", "2"]).readme == str(TABLE_FILE)
     assert parser.parse_args(["bench", "--readme", "docs/speed.md"]).readme == "docs/speed.md"
     assert parser.parse_args(["bench"]).dtype == "auto"
+
+
+def test_only_a_readme_run_writes_the_shipped_table_by_default(tmp_path):
+    from skipdecode.bench import DEFAULT_OUT, output_path
+
+    assert output_path(None, "docs/speed.md") == str(DEFAULT_OUT) and DEFAULT_OUT.is_absolute()
+    quick = output_path(None, None)
+    assert Path(quick).parent.is_dir() and Path(quick).resolve() != DEFAULT_OUT.resolve()
+    assert output_path("", None) == "" and output_path(str(tmp_path / "b.csv"), "x") == str(tmp_path / "b.csv")
