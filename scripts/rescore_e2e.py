@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from skipdecode.evaluate import load_items, score
+from skipdecode.evaluate import load_items, score, write_frame
 
 
 def rescore(prefix: Path, split: str = "test", made_up_names: bool = False) -> pd.DataFrame:
@@ -33,8 +33,7 @@ def rescore(prefix: Path, split: str = "test", made_up_names: bool = False) -> p
         scores = score(ordered, [line[key] for line in lines])
         for metric, value in scores.items():
             frame.loc[i, metric] = round(value, 3)
-    frame.to_csv(prefix.with_suffix(".csv"), index=False)
-    prefix.with_suffix(".json").write_text(json.dumps(frame.to_dict(orient="records"), indent=1))
+    write_frame(frame, prefix)
     return frame
 
 

@@ -17,7 +17,7 @@ finished and its best running beam, scored at its current length, cannot beat th
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -37,9 +37,6 @@ class Beam:
         lp = self.length_penalty
         if isinstance(lp, bool) or not isinstance(lp, numbers.Real) or not -10.0 <= lp <= 10.0:
             raise ValueError(f"length_penalty must be a number in [-10, 10]; got {lp!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class BeamSearch:
@@ -69,8 +66,7 @@ class BeamSearch:
         length = self.length + 1
         scores, beams, tokens, ended = top_scores.tolist(), top_beam.tolist(), top_token.tolist(), ends.tolist()
 
-        new_scores = torch.full((B, K), NEG, device=logits.device)
-        origin, next_token, running = [], [], []
+        origin, next_token, running, running_scores = [], [], [], []
         for p in range(B):
             if self.open[p]:  # only the top K candidates may finish (the others are spares for running on)
                 for rank in range(K):
@@ -79,19 +75,16 @@ class BeamSearch:
                                      self.running[p][beams[p][rank]] + [tokens[p][rank]])
             alive = [r for r in range(self.keep) if not ended[p][r]][:K]
             alive += [r for r in range(self.keep) if ended[p][r]][: K - len(alive)]  # only at the length limit
-            beams_p = []
-            for k, rank in enumerate(alive):
-                new_scores[p, k] = scores[p][rank] + (NEG if ended[p][rank] else 0.0)
-                origin.append(p * K + beams[p][rank])
-                next_token.append(tokens[p][rank])
-                beams_p.append(self.running[p][beams[p][rank]] + [tokens[p][rank]])
-            running.append(beams_p)
-        self.running, self.running_scores, self.length = running, new_scores, length
-        for p in range(B):
-            if self.open[p] and len(self.finished[p]) == K:
-                best_possible = self.running_scores[p, 0].item() / self.length ** self.lp
-                self.open[p] = best_possible > self.finished[p][-1][0]
+            running.append([self.running[p][beams[p][rank]] + [tokens[p][rank]] for rank in alive])
+            running_scores.append([scores[p][rank] + (NEG if ended[p][rank] else 0.0) for rank in alive])
+            origin += [p * K + beams[p][rank] for rank in alive]
+            next_token += [tokens[p][rank] for rank in alive]
         device = logits.device
+        self.running, self.length = running, length
+        self.running_scores = torch.tensor(running_scores, device=device)  # float32, as transformers keeps them
+        for p, best in enumerate(self.running_scores[:, 0].tolist()):
+            if self.open[p] and len(self.finished[p]) == K:  # can its best running beam still beat the worst?
+                self.open[p] = best / length ** self.lp > self.finished[p][-1][0]
         return torch.tensor(next_token, device=device), torch.tensor(origin, device=device)
 
     def _finish(self, p: int, score: float, ids: list[int]) -> None:

@@ -62,13 +62,6 @@ class KVCache:
             if length > start:
                 self.data[layer, :, :, :, start:length] = self.data[layer, :, rows, :, start:length]
 
-    def fill_rows(self, prompts: "KVCache", repeats: int):
-        """Rows r * repeats ... (r + 1) * repeats - 1 take row r of `prompts`, a cache of the prompts alone
-        (a beam search's prefill: each prompt once, then one copy per beam)."""
-        used = max(prompts.lengths)
-        self.data[:, :, :, :, :used] = prompts.data[:, :, :, :, :used].repeat_interleave(repeats, dim=2)
-        self.lengths = list(prompts.lengths)
-
     @property
     def batch(self) -> int:
         return self.data.shape[2]

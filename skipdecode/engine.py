@@ -255,7 +255,6 @@ class Engine:
         gen.done = True
         yield gen
 
-
     @staticmethod
     def _choose(logits, sampling, generator, search, cache, prompt_columns):
         """The next token of every row; a beam search also moves the cache rows to the beams they continue

@@ -279,7 +279,7 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| row | adapter | BLEU (E2E script's, uncased) | ROUGE-L | chrF | SER % | names % | length % | layers/token |"
+    head = ("| row | adapter | BLEU (uncased) | ROUGE-L | chrF | SER % | names % | length % | layers/token |"
             " decode speedup |")
     lines = [head, "|" + "---|" * 10]
     for r in rows:
@@ -291,8 +291,12 @@ def markdown(rows: list[Row]) -> str:
 def write(rows: list[Row], prefix: Path) -> None:
     import pandas as pd
 
+    write_frame(pd.DataFrame([asdict(r) for r in rows]).round(3), prefix)
+
+
+def write_frame(frame, prefix: Path) -> None:
+    """A results table as <prefix>.csv and .json (records), the two forms the app and the docs read."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame([asdict(r) for r in rows]).round(3)
     frame.to_csv(prefix.with_suffix(".csv"), index=False)
     prefix.with_suffix(".json").write_text(json.dumps(frame.to_dict(orient="records"), indent=1))
 
@@ -367,11 +371,10 @@ def output_prefix(args) -> Path:
     """--out when given, else the default prefix, else <a fresh temporary folder>/<run_name>."""
     if args.out:
         return Path(args.out)
-    beams = getattr(args, "beams", 1)
-    prefix = default_prefix(args.split, args.data, args.limit, args.made_up_names, args.validation_share, beams)
+    prefix = default_prefix(args.split, args.data, args.limit, args.made_up_names, args.validation_share, args.beams)
     if prefix is not None:
         return prefix
-    name = run_name(args.split, args.made_up_names, args.limit, args.data, beams)
+    name = run_name(args.split, args.made_up_names, args.limit, args.data, args.beams)
     return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{name}-")) / name
 
 
@@ -383,10 +386,10 @@ def _beam(args):
 
 def _cmd_eval(args) -> int:
     if args.prompts is not None:  # general chat prompts against full-depth answers: general.py
-        from .general import cmd_eval
-
         if args.beams != 1:
             raise ValueError("--beams decodes E2E meaning representations; eval --prompts compares greedy answers")
+        from .general import cmd_eval
+
         return cmd_eval(args)
     args.speedups, args.max_new_tokens = args.speedups or "1,2,3,4,5", args.max_new_tokens or 64
     prefix = output_prefix(args)

@@ -607,11 +607,11 @@ def finish_adapter(folder: Path) -> None:
                     if c.get("sequence_unlikelihood") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
                     f" names are copied rather than recalled." if c.get("renamed") else "",
-                    f" Targets: the teacher's greedy outputs, not the references (sequence-level"
-                    f" distillation)." if c.get("sequence_kd") == 1 else
+                    " Targets: the teacher's greedy outputs, not the references (sequence-level"
+                    " distillation)." if c.get("sequence_kd") == 1 else
                     f" Targets: {c['sequence_kd']:.0%} of the references replaced by the teacher's greedy"
                     f" output (sequence-level distillation)." if c.get("sequence_kd") else "",
-                    f" Trained only on the references of each MR that leave out the fewest of its values."
+                    " Trained only on the references of each MR that leave out the fewest of its values."
                     if c.get("complete_refs") else ""])
     spread = c.get("spread", SPREAD)
     shape = ("the same at every position (spread 1)" if spread == 1 else

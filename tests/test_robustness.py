@@ -23,7 +23,6 @@ from gradio_client.utils import Status
 
 from appserver import ROOT, app_url
 from skipdecode.batcher import Batcher, follow
-from skipdecode.engine import Engine
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import Schedule, for_speedup
 
