@@ -30,7 +30,7 @@ from .studio import Settings, Studio, shown
 # (scripts/page_speedup.py, docs/speed.md). The Batch tab, which shows no speedup, redraws every PLOT_EVERY_S.
 TEXT_EVERY_S = 0.5
 PLOT_EVERY_S = 0.75
-DECODINGS = ("greedy", "sampling")
+DECODINGS = ("greedy", "sampling", "beam search")
 INTERNAL_ERROR = ("Something went wrong on the server while running this request; it has been logged. "
                   "Please try again, or change the input or the model.")
 MESSAGE_CHARS = 400  # an error message longer than this is cut
@@ -65,13 +65,14 @@ def user_errors():
 
 def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, top_p=0.9, top_k=0, seed=0,
                   manual=False, max_budget=20, min_budget=6, warmup=2, horizon=0, decay="linear",
-                  mode="skip") -> Settings:
+                  mode="skip", beams=4) -> Settings:
     if decoding not in DECODINGS:
         raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}; got {shown(decoding)}")
     return Settings(speedup=speedup, max_new_tokens=max_new_tokens, manual_budgets=bool(manual),
                     max_budget=max_budget, min_budget=min_budget, warmup=warmup, horizon=horizon or 0,
                     decay=decay, mode=mode, sampling=decoding == "sampling", temperature=temperature,
-                    top_p=top_p, top_k=top_k or 0, seed=seed if seed is not None else 0)
+                    top_p=top_p, top_k=top_k or 0, seed=seed if seed is not None else 0,
+                    beams=beams if decoding == "beam search" else 0)
 
 
 class Callbacks:
@@ -105,10 +106,10 @@ class Callbacks:
         return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                manual, max_budget, min_budget, warmup, horizon, decay, mode):
+                manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4):
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
-                                     max_budget, min_budget, warmup, horizon, decay, mode)
+                                     max_budget, min_budget, warmup, horizon, decay, mode, beams)
             written, texts = 0.0, None
             for comparison in self.studio.compare(prompt, settings, model):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
@@ -137,17 +138,18 @@ class Callbacks:
     def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",
                     decoding: str = "greedy", temperature: float = 0.7, top_p: float = 0.9, top_k: int = 0,
                     seed: int = 0, max_budget: int = 0, min_budget: int = 0, warmup: int = 2, horizon: int = 0,
-                    decay: str = "linear", mode: str = "skip") -> dict:
+                    decay: str = "linear", mode: str = "skip", beams: int = 4) -> dict:
         """Run SkipDecode and full decoding on `prompt`: by default greedy, with the default schedule for
         `speedup`, on the page's default model. Optional, as on the page: `model` (one of the page's model
-        labels), `decoding` ("greedy" or "sampling", with temperature, top_p, top_k and seed), the schedule
+        labels), `decoding` ("greedy"; "sampling", with temperature, top_p, top_k and seed; "beam search",
+        with `beams` beams, each side's output its best beam), the schedule
         by hand (`max_budget` and `min_budget`, both set, replace the speedup; `warmup`, `horizon` (0 = max
         new tokens), `decay`, `mode`). Returns both outputs, both traces (steps with budget, layers and ms)
         and the quality scores; bad input is an error whose message says what to change."""
         with user_errors():
             manual = bool(max_budget or min_budget)
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
-                                     max_budget, min_budget, warmup, horizon, decay, mode)
+                                     max_budget, min_budget, warmup, horizon, decay, mode, beams)
             final = None
             for final in self.studio.compare(prompt, settings, model or self.studio.labels[0]):
                 pass

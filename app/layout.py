@@ -10,7 +10,7 @@ from skipdecode.models import dtype_name, precision_reason
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
 from . import plots, results, views
-from .callbacks import Callbacks
+from .callbacks import DECODINGS, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
 from .studio import Studio, public_name
@@ -108,7 +108,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                             elem_id="sd-speedup")
                         max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
                                                    label="Max new tokens", elem_id="sd-max-new-tokens")
-                        decoding = gr.Radio(["greedy", "sampling"], value="greedy", label="Decoding")
+                        decoding = gr.Radio(list(DECODINGS), value="greedy", label="Decoding")
                         with gr.Row():
                             run = gr.Button("Run", variant="primary", elem_id="sd-run", scale=3)
                             stop = gr.Button("Stop", variant="secondary", scale=1)
@@ -125,8 +125,10 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         mode = gr.Radio(list(MODES), value="skip", label="Mode",
                                         info="skip: warm-up + top layers; early_exit: bottom layers only")
                     schedule_note = gr.Markdown(elem_id="sd-schedule-note")
-                with gr.Accordion("Sampling", open=False):
+                with gr.Accordion("Sampling and beam search", open=False):
                     with gr.Row():
+                        beams = gr.Slider(2, studio.limits.max_beams, value=4, step=1, label="Beams (beam search)",
+                                          info="the E2E table's beam rows used 4")
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
                         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
                         top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
@@ -217,7 +219,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                            show_progress="hidden", queue=False)
         demo.load(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private", queue=False)
         compare_inputs = [prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                          manual, max_budget, min_budget, warmup, horizon, decay, mode]
+                          manual, max_budget, min_budget, warmup, horizon, decay, mode, beams]
         compare_outputs = [status, skip_out, full_out, metrics, quality, last, budget_plot, layer_plot, latency_plot]
         events = [trigger(cb.stream_compare, compare_inputs, compare_outputs, api_visibility="private",
                           concurrency_limit=concurrency, concurrency_id="decode", show_progress="minimal")

@@ -27,6 +27,7 @@ import pandas as pd
 from skipdecode import quality
 from skipdecode.adapters import run_speedup, same_base
 from skipdecode.batcher import Batcher, Job, Update, follow
+from skipdecode.beam import Beam
 from skipdecode.engine import Engine
 from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL, dtype_name
 from skipdecode.sampling import Sampling
@@ -106,6 +107,7 @@ class Limits:
     max_prompt_chars: int = 16_384
     max_batch_prompts: int = 8
     max_temperature: float = 2.0
+    max_beams: int = 8  # a search takes one row per beam, of each side's batch
     time_limit_s: float = 300.0
     # Models held in memory at once, the base model included (about 1.1 GB each in float32 for the
     # default model: the weights and their packed copy). "auto" needs two beside the base: the adapter for
@@ -136,6 +138,7 @@ class Settings:
     top_p: float = 0.9
     top_k: int = 0
     seed: int = 0
+    beams: int = 0  # beam search of this width; 0: none
 
     def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits(),
                  spread: float = SPREAD) -> Schedule:
@@ -170,6 +173,26 @@ class Settings:
         if not 0 < top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1]; got {top_p:g}")
         return Sampling(temperature, _whole("top-k", self.top_k), top_p, _whole("seed", self.seed))
+
+    def search(self, limits: Limits = Limits()) -> Beam | None:
+        """Beam search of `beams` beams (within the app's limit), or None for one token at a time."""
+        beams = _whole("beams", self.beams)
+        if beams == 0:
+            return None
+        if self.sampling:
+            raise ValueError("beam search looks for the likeliest output: choose it or sampling, not both")
+        if not 2 <= beams <= limits.max_beams:
+            raise ValueError(f"beams must be between 2 and {limits.max_beams} for beam search; got {beams}")
+        return Beam(beams)
+
+
+def decoding_name(sampling: Sampling, beam: Beam | None) -> str:
+    if beam is not None:
+        return f"beam search, {beam.width} beams (each side shows its best)"
+    if sampling.greedy:
+        return "greedy"
+    return (f"sampling (temperature {sampling.temperature:g}, top-p {sampling.top_p:g}, top-k {sampling.top_k}, "
+            f"seed {sampling.seed})")
 
 
 def shown(value, limit: int = 60) -> str:
@@ -233,6 +256,7 @@ class Comparison:
     cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
     why: tuple[str, str] = ("chosen", "chosen")  # why each side runs its model ("auto" says which and why)
     dtypes: tuple[str, str] = ("float32", "float32")  # each side's precision
+    decoding: str = "greedy"  # how both sides chose their tokens (`decoding_name`)
 
     @property
     def done(self) -> bool:
@@ -266,7 +290,7 @@ class Comparison:
         return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model,
                 "why": {"skipdecode": self.why[0], "full": self.why[1]},
                 "dtype": {"skipdecode": self.dtypes[0], "full": self.dtypes[1]},
-                "num_layers": self.num_layers,
+                "num_layers": self.num_layers, "decoding": self.decoding,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
                 "timing": TIMING_NOTE}
@@ -407,6 +431,7 @@ class Studio:
         """Yields the comparison after every position of either run, then once more with quality scores."""
         prompt, _ = self._check_text(prompt, settings.max_new_tokens)
         choice, engine, schedule, sampling, why = self._setup(settings, model, prompt)
+        beam = settings.search(self.limits)
         prompt, n = self._check(engine, prompt, settings.max_new_tokens)
         # "auto" compares like the paper: SkipDecode with the adapter made for its speedup against full
         # decoding with the one made for full depth (for an E2E MR the fine-tuned 1x baseline; for any
@@ -416,9 +441,10 @@ class Studio:
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
                                 why=(why, full_why), dtypes=(dtype_name(engine.decoder.dtype),
-                                                             dtype_name(full_engine.decoder.dtype)))
-        skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling),
-                                                   Job(full_engine, prompt, None, n, sampling)])
+                                                             dtype_name(full_engine.decoder.dtype)),
+                                decoding=decoding_name(sampling, beam))
+        skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling, beam=beam),
+                                                   Job(full_engine, prompt, None, n, sampling, beam=beam)])
         try:
             for comparison.skip, comparison.full in follow([skip, full]):
                 yield comparison

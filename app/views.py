@@ -176,7 +176,8 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
     where = (f"SkipDecode ran in **batch #{skip.batch.number}** ({_rows(skip.batch.size)}), full decoding in "
              f"**batch #{full.batch.number}** ({_rows(full.batch.size)})." if full else "")
     plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
-            f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}.")
+            f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}. "
+            f"Decoding: {comparison.decoding}.")
     state = "Running…" if running else "Done."
     why_skip, why_full = (html.escape(w) for w in comparison.why)
     skip_dtype, full_dtype = comparison.dtypes

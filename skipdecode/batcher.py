@@ -3,7 +3,7 @@
 This is what SkipDecode is for: every row of a batch shares one layer budget per position, so users who
 ask at the same moment can share every forward pass instead of queueing behind each other. One worker
 thread owns the compute. It waits for a request, gathers what else arrives within a short window (or
-queued up while it was busy), groups the requests by engine, schedule, sampling and token limit, and runs
+queued up while it was busy), groups the requests by engine, schedule, sampling (or beam search) and token limit, and runs
 each group as one batch. Batches that cannot merge run side by side, one position of each in turn, so
 (for instance) a SkipDecode run and its full-decoding baseline see the same machine load. Each request
 gets its own stream of partial results and learns which batch it ran in.
@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from .beam import Beam
 from .sampling import Sampling
 from .schedule import Schedule
 from .trace import Trace
@@ -37,7 +38,8 @@ TIME_LIMIT_MESSAGE = "the request ran past its time limit ({:g} s) and was stopp
 
 @dataclass(frozen=True)
 class Job:
-    """One prompt to decode. Jobs with equal engine, schedule, token limit and sampling can share a batch."""
+    """One prompt to decode. Jobs with equal engine, schedule, token limit and sampling (or beam search)
+    can share a batch. With `beam` (width > 1) the job takes `width` rows of its batch, its beams."""
 
     engine: object
     prompt: str | Sequence[int]
@@ -46,6 +48,7 @@ class Job:
     sampling: Sampling = Sampling()
     stop_at_eos: bool = True
     chat: bool | None = None
+    beam: Beam | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class _Request:
     @property
     def key(self):
         j = self.job
-        return (id(j.engine), j.schedule, j.max_new_tokens, j.sampling, j.stop_at_eos)
+        return (id(j.engine), j.schedule, j.max_new_tokens, j.sampling, j.stop_at_eos, j.beam)
 
     def send(self, item) -> None:
         with self.signal:
@@ -179,8 +182,10 @@ class Batcher:
 
     # ---- the caller's side -------------------------------------------------------------------
     def submit(self, engine, prompt, schedule: Schedule | None = None, max_new_tokens: int = 64,
-               sampling: Sampling = Sampling(), chat: bool | None = None, stop_at_eos: bool = True) -> Ticket:
-        return self.submit_together([Job(engine, prompt, schedule, max_new_tokens, sampling, stop_at_eos, chat)])[0]
+               sampling: Sampling = Sampling(), chat: bool | None = None, stop_at_eos: bool = True,
+               beam: Beam | None = None) -> Ticket:
+        return self.submit_together([Job(engine, prompt, schedule, max_new_tokens, sampling, stop_at_eos, chat,
+                                         beam)])[0]
 
     def submit_together(self, jobs: Sequence[Job], time_limit_s: float | None = None) -> list[Ticket]:
         """Queue jobs that start in the same round (and can be followed together). Bad input raises
@@ -192,12 +197,13 @@ class Batcher:
         limit = time_limit_s if time_limit_s is not None else self.time_limit_s
         deadline = time.monotonic() + limit if limit else None
         signal = threading.Condition()
-        requests = [_Request(self._checked(job), self._encode(job), signal, deadline, limit) for job in jobs]
+        requests = [_Request(self._checked(job, self.max_rows), self._encode(job), signal, deadline, limit)
+                    for job in jobs]
         self._inbox.put(requests)
         return [Ticket(r) for r in requests]
 
     @staticmethod
-    def _checked(job: Job) -> Job:
+    def _checked(job: Job, max_rows: int) -> Job:
         engine = job.engine
         schedule = job.schedule or Schedule.full(engine.num_layers)
         if schedule.num_layers != engine.num_layers:
@@ -207,7 +213,13 @@ class Batcher:
             raise ValueError(f"max_new_tokens must be an integer >= 1; got {n!r}")
         if not isinstance(job.sampling, Sampling):
             raise ValueError("sampling must be a skipdecode.Sampling")
-        return dataclasses.replace(job, schedule=schedule, max_new_tokens=int(n))
+        beam = job.beam
+        if beam is not None and not isinstance(beam, Beam):
+            raise ValueError("beam must be a skipdecode.Beam")
+        if beam is not None and beam.width > max_rows:
+            raise ValueError(f"at most {max_rows} beams (rows of a batch); got {beam.width}")
+        beam = beam if beam is not None and beam.width > 1 else None
+        return dataclasses.replace(job, schedule=schedule, max_new_tokens=int(n), beam=beam)
 
     @staticmethod
     def _encode(job: Job) -> list[int]:
@@ -260,15 +272,18 @@ class Batcher:
             groups.append(item)
 
     def _batches(self, groups: list[list[_Request]]) -> list["_Batch"]:
-        """Requests with equal keys become batches of up to max_rows, in order of arrival."""
+        """Requests with equal keys become batches of up to max_rows rows (a beam search's request takes
+        one row per beam), in order of arrival."""
         by_key: dict[tuple, list[_Request]] = {}
         for request in (r for group in groups for r in group):
             if not request.cancelled:
                 by_key.setdefault(request.key, []).append(request)
         batches = []
         for requests in by_key.values():
-            for start in range(0, len(requests), self.max_rows):
-                chunk = requests[start: start + self.max_rows]
+            beam = requests[0].job.beam
+            per_batch = self.max_rows // beam.width if beam else self.max_rows
+            for start in range(0, len(requests), per_batch):
+                chunk = requests[start: start + per_batch]
                 info = BatchInfo(next(self._numbers), len(chunk), chunk[0].job.schedule.to_dict(), time.time())
                 self.history.append(info)
                 try:
@@ -289,7 +304,7 @@ class _Batch:
         self.requests, self.info = requests, info
         job = requests[0].job
         self.stream = job.engine.stream([r.prompt_ids for r in requests], job.schedule, job.max_new_tokens,
-                                        job.sampling, stop_at_eos=job.stop_at_eos)
+                                        job.sampling, stop_at_eos=job.stop_at_eos, beam=job.beam)
         self.generation = None
 
     def advance(self, lock) -> bool:

@@ -6,6 +6,7 @@ import pytest
 from gradio_client import Client
 
 from appserver import app_url
+from skipdecode.beam import Beam
 from skipdecode.schedule import for_speedup
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,15 @@ def test_compare_returns_both_outputs_traces_and_quality(client, engine):
     assert 0 <= q["token_agreement"]["agreement"] <= 1
     # An E2E test MR is also scored against its human references.
     assert len(result["references"]) == 4 and set(q["references"]) == {"skipdecode", "full"}
+
+
+def test_beam_search_over_http_is_the_engines_search_on_both_sides(client, engine):
+    result = client.predict(PROMPT, 3.0, TOKENS, decoding="beam search", beams=3, api_name="/compare")
+    schedule, beam = for_speedup(3.0, engine.num_layers, horizon=TOKENS), Beam(3)
+    assert result["full"]["token_ids"] == engine.generate([PROMPT], None, TOKENS, beam=beam).token_ids[0]
+    assert result["skipdecode"]["token_ids"] == engine.generate([PROMPT], schedule, TOKENS, beam=beam).token_ids[0]
+    assert result["decoding"].startswith("beam search, 3 beams")
+    assert result["skipdecode"]["trace"]["batch_size"] == 3  # one row per beam
 
 
 def test_requests_arriving_together_from_different_clients_share_one_batch(url):

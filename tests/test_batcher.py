@@ -8,6 +8,7 @@ import pytest
 
 from conftest import IdTokenizer, tiny_model
 from skipdecode.batcher import Batcher, Job, follow
+from skipdecode.beam import Beam
 from skipdecode.engine import Engine
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import Schedule
@@ -99,6 +100,26 @@ def test_sampling_settings_are_part_of_the_batch_key(engine, batcher):
     for finals in follow([greedy, sampled]):
         pass
     assert finals[0].batch.number != finals[1].batch.number
+
+
+def test_beam_searches_batch_by_rows_and_equal_searching_alone(engine):
+    batcher = Batcher(window_s=0.2, max_rows=6)
+    try:
+        beam, schedule = Beam(3), skip_schedule(engine)
+        jobs = [Job(engine, p, schedule, 6, beam=beam) for p in PROMPTS[:3]] + [Job(engine, PROMPTS[3], schedule, 6)]
+        finals = None
+        for finals in follow(batcher.submit_together(jobs)):
+            pass
+        searched, greedy = finals[:3], finals[3]
+        assert sorted(u.batch.size for u in searched) == [1, 2, 2]  # 3 beams a request, 6 rows a batch
+        assert greedy.batch.number not in {u.batch.number for u in searched}
+        for prompt, update in zip(PROMPTS, searched):
+            alone = engine.generate([prompt], schedule, max_new_tokens=6, beam=beam)
+            assert update.token_ids == alone.token_ids[0] and update.done
+        with pytest.raises(ValueError, match="at most 6 beams"):
+            batcher.submit(engine, PROMPTS[0], beam=Beam(8))
+    finally:
+        batcher.close()
 
 
 def test_bad_input_is_refused_in_the_callers_thread(engine, batcher):

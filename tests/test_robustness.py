@@ -65,13 +65,17 @@ BAD_INPUTS = [
     ("top-p 1.5", dict(decoding="sampling", top_p=1.5), "top-p must be in (0, 1]"),
     ("negative top-k", dict(decoding="sampling", top_k=-1), "top_k must be an integer >= 0"),
     ("fractional seed", dict(decoding="sampling", seed=1.5), "seed must be a whole number"),
+    ("one beam for beam search", dict(decoding="beam search", beams=1), "beams must be between 2 and 8"),
+    ("too many beams", dict(decoding="beam search", beams=100), "beams must be between 2 and 8"),
+    ("fractional beams", dict(decoding="beam search", beams=2.5), "beams must be a whole number"),
     ("a local path as model", dict(model="/etc/passwd"), "unknown model"),
     ("a hub repository as model", dict(model="HuggingFaceTB/SmolLM2-360M-Instruct"), "unknown model"),
     ("an adapter made for another model", dict(model="elsewhere"), "unknown model"),
     ("that adapter's label", dict(model="elsewhere (fine-tuned for 3x)"), "unknown model"),
 ]
 DEFAULTS = dict(prompt="Hi", speedup=3.0, max_new_tokens=4, model=f"{BASE} (base)", decoding="greedy", temperature=0.7, top_p=0.9,
-                top_k=0, seed=0, max_budget=0, min_budget=0, warmup=2, horizon=0, decay="linear", mode="skip")
+                top_k=0, seed=0, max_budget=0, min_budget=0, warmup=2, horizon=0, decay="linear", mode="skip",
+                beams=4)
 CASES = [pytest.param(kwargs, message, id=name) for name, kwargs, message in BAD_INPUTS]
 
 
@@ -150,7 +154,7 @@ def ui_args(kwargs: dict) -> list:
     manual = bool(a["max_budget"] or a["min_budget"])
     budgets = (a["max_budget"], a["min_budget"]) if manual else (20, 6)  # the sliders' own values when unused
     return [a["prompt"], a["model"], a["speedup"], a["max_new_tokens"], a["decoding"], a["temperature"], a["top_p"],
-            a["top_k"], a["seed"], manual, *budgets, a["warmup"], a["horizon"], a["decay"], a["mode"]]
+            a["top_k"], a["seed"], manual, *budgets, a["warmup"], a["horizon"], a["decay"], a["mode"], a["beams"]]
 
 
 @pytest.mark.slow
@@ -260,7 +264,6 @@ def answers(client) -> None:
     here "auto", the default, would pick one of the broken adapters.)"""
     result = client.predict("Hi", 2.0, 1, model=f"{BASE} (base)", api_name="/compare")
     assert len(result["full"]["token_ids"]) == 1 and result["quality"] is not None
-
 
 
 @pytest.mark.slow
