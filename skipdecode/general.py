@@ -196,11 +196,13 @@ def reference_answers(engine, prompts: list[str], max_new_tokens: int, batch_siz
 
 def training_examples(tokenizer, model=None, data=None, limit: int | None = None,
                       validation_examples: int = VALIDATION_COUNT, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                      max_answer_tokens: int = ANSWER_TOKENS, cache_folder=".", batch_size: int = 16):
+                      max_answer_tokens: int = ANSWER_TOKENS, cache_folder=".", batch_size: int = 16,
+                      cut_loops: int = 0):
     """(train, validation) examples for `skipdecode train --task general`: (prompt ids, target ids), the
     target being the full-depth base model's greedy answer (its end token included when it ended within
     `max_answer_tokens`), generated once and cached in `cache_folder`. Validation: the first
-    `validation_examples` prompts of the validation set, which training never sees."""
+    `validation_examples` prompts of the validation set, which training never sees. With `cut_loops` N,
+    each training target ends before its first repeated run of N tokens (`cut_at_loop`)."""
     from .engine import Engine
     from .prompts import encode_prompt
 
@@ -213,10 +215,24 @@ def training_examples(tokenizer, model=None, data=None, limit: int | None = None
                                 cache=targets_file(cache_folder, engine, max_answer_tokens))
     del engine
 
-    def examples(prompts):
-        return [(encode_prompt(tokenizer, p), targets[p]) for p in prompts]
+    def examples(prompts, cut=0):
+        return [(encode_prompt(tokenizer, p), cut_at_loop(targets[p], cut) if cut else targets[p]) for p in prompts]
 
-    return examples(train), examples(val)
+    return examples(train, cut_loops), examples(val)
+
+
+def cut_at_loop(ids: list[int], n: int) -> list[int]:
+    """`ids` up to where they start repeating themselves: before the first run of n tokens that already
+    occurred earlier in them (overlaps included, so "a a a ..." keeps one "a"). Why: a 135M model's greedy
+    answers often end in a loop ("1. 1. 1. ...", a sentence said again and again), and an adapter trained
+    on them learns the loop; a run of 8 tokens said twice is rarely anything else."""
+    seen = set()
+    for i in range(len(ids) - n + 1):
+        run = tuple(ids[i:i + n])
+        if run in seen:
+            return list(ids[:i])
+        seen.add(run)
+    return list(ids)
 
 
 # ---- scores -----------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ class TrainConfig:
     limit: int | None = None  # train on the first N examples only (general: N prompts)
     max_answer_tokens: int = 160  # general: length of the full-depth answers trained on
     max_prompt_tokens: int = 128  # general: longer chat-templated prompts are left out
+    cut_loops: int = 0  # general: cut each training target before its first repeated N-token run (0: off)
 
     def __post_init__(self):
         """Defaults that depend on the task: chat answers are 100-200 tokens, not E2E's 32, and the
@@ -409,6 +410,8 @@ def train(config: TrainConfig) -> dict:
     if config.task == "general" and (config.sequence_kd or config.renamed or config.complete_refs):
         raise ValueError("--sequence-kd, --renamed and --complete-refs are E2E options: general prompts are trained "
                          "on the full-depth base model's answers already")
+    if config.cut_loops and (config.task != "general" or config.cut_loops < 2):
+        raise ValueError(f"--cut-loops N is a general-task option, N >= 2 tokens; got {config.cut_loops}")
     # Bad options are refused above, before the Accelerator claims the process's precision state.
     accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum,
                               mixed_precision=pick_precision(config.precision), cpu=not torch.cuda.is_available())
@@ -454,7 +457,7 @@ def train(config: TrainConfig) -> dict:
 
         train_examples, val_examples = training_examples(
             tokenizer, config.model, config.data, config.limit, config.validation_examples,
-            config.max_prompt_tokens, config.max_answer_tokens, config.checkpoint_dir)
+            config.max_prompt_tokens, config.max_answer_tokens, config.checkpoint_dir, cut_loops=config.cut_loops)
         groups = [[e] for e in train_examples]
     else:
         groups, val_examples = e2e_examples(config, tokenizer, teacher)
@@ -600,6 +603,8 @@ def finish_adapter(folder: Path) -> None:
                     f" {c['on_policy']:.0%} of the batches are the student's own answers (temperature 1, at its"
                     f" speedup), scored by the KL from {_teacher_words(c['teacher'])} alone (on-policy distillation)."
                     if c.get("on_policy") else "",
+                    f" Each training target is cut before the first run of {c['cut_loops']} tokens it already"
+                    f" said: the base model's greedy answers often end in a loop." if c.get("cut_loops") else "",
                     f" Plus {c['unlikelihood']:g} x token-level unlikelihood on the tokens the target already"
                     f" used (Welleck et al., 2020), against loops." if c.get("unlikelihood") else "",
                     f" {c['sequence_unlikelihood']:.0%} of the batches are the student's own greedy answers at its"
@@ -712,6 +717,10 @@ def register(subparsers) -> None:
     p.add_argument("--sequence-unlikelihood", type=float, default=0.0, metavar="SHARE",
                    help="that share of the batches: the student decodes the prompts greedily at its speedup and every "
                         "token of a 4-gram its answer already said is made less likely (Welleck et al. 2020)")
+    p.add_argument("--cut-loops", type=int, default=0, metavar="N",
+                   help="--task general: cut each training target before the first run of N tokens that already "
+                        "occurred in it (the base model's greedy answers often end in a loop); validation targets "
+                        "stay whole")
     p.add_argument("--complete-refs", action="store_true",
                    help="train only on each MR's references that leave out the fewest of its values")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")

@@ -306,6 +306,22 @@ def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="--renamed .* are E2E options"):
         training.train(config("bad", renamed=0.5))
+    with pytest.raises(ValueError, match="--cut-loops N is a general-task option"):
+        training.train(config("bad", task="e2e", cut_loops=8))
+
+    # --cut-loops cuts the training targets (4 prompts), never the validation ones
+    cut, real_cut = [], general.cut_at_loop
+    monkeypatch.setattr(general, "cut_at_loop", lambda ids, n: cut.append(n) or real_cut(ids, n))
+    training.train(config("cut", steps=1, cut_loops=2))
+    assert cut == [2] * 4
+    assert "cut before the first run of 2 tokens" in (tmp_path / "cut" / "README.md").read_text()
+
+
+def test_a_target_is_cut_where_it_starts_to_loop():
+    assert general.cut_at_loop([1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], 3) == [1, 2, 3, 4, 5]
+    assert general.cut_at_loop([7, 7, 7, 7], 2) == [7]  # overlapping runs count
+    assert general.cut_at_loop([1, 2, 3, 1, 2, 4], 3) == [1, 2, 3, 1, 2, 4]  # a shorter repeat is kept
+    assert general.cut_at_loop([1, 2], 8) == [1, 2]
 
 
 def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_models_kl(pool, tmp_path, monkeypatch):
