@@ -430,8 +430,8 @@ class Studio:
     def compare(self, prompt: str, settings: Settings, model: str | None = None) -> Iterator[Comparison]:
         """Yields the comparison after every position of either run, then once more with quality scores."""
         prompt, _ = self._check_text(prompt, settings.max_new_tokens)
+        beam = settings.search(self.limits)  # checked before any model is loaded for the request
         choice, engine, schedule, sampling, why = self._setup(settings, model, prompt)
-        beam = settings.search(self.limits)
         prompt, n = self._check(engine, prompt, settings.max_new_tokens)
         # "auto" compares like the paper: SkipDecode with the adapter made for its speedup against full
         # decoding with the one made for full depth (for an E2E MR the fine-tuned 1x baseline; for any

@@ -226,13 +226,23 @@ def cut_at_loop(ids: list[int], n: int) -> list[int]:
     occurred earlier in them (overlaps included, so "a a a ..." keeps one "a"). Why: a 135M model's greedy
     answers often end in a loop ("1. 1. 1. ...", a sentence said again and again), and an adapter trained
     on them learns the loop; a run of 8 tokens said twice is rarely anything else."""
-    seen = set()
-    for i in range(len(ids) - n + 1):
-        run = tuple(ids[i:i + n])
-        if run in seen:
-            return list(ids[:i])
-        seen.add(run)
-    return list(ids)
+    marked = repeated_ngrams(ids, n)
+    return list(ids[:marked.index(True)] if True in marked else ids)
+
+
+REPEAT_NGRAM = 4  # Welleck et al.'s sequence level: a token is penalized inside a repeated 4-gram
+
+
+def repeated_ngrams(tokens: list[int], n: int = REPEAT_NGRAM) -> list[bool]:
+    """Marks every token of an n-gram that already began earlier in the sequence (the first marked token
+    is where the sequence first repeats itself)."""
+    marked, seen = [False] * len(tokens), set()
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        if gram in seen:
+            marked[i:i + n] = [True] * n
+        seen.add(gram)
+    return marked
 
 
 # ---- scores -----------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import SPLIT_SEED, VALIDATION_SHARE, Item
+from .general import REPEAT_NGRAM, repeated_ngrams
 from .onpolicy import is_on_policy
 from .prompts import encode_prompt
 from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
@@ -214,20 +215,6 @@ def _answers(log_probs, labels):
 def _unlikely(log_p):
     """-log(1 - p) for probabilities given as logs, kept finite where p rounds to 1."""
     return -torch.log1p(-log_p.exp().clamp(max=1 - 1e-6))
-
-
-REPEAT_NGRAM = 4  # Welleck et al.'s sequence level: a token is penalized inside a repeated 4-gram
-
-
-def repeated_ngrams(tokens: list[int], n: int = REPEAT_NGRAM) -> list[bool]:
-    """Marks every token of an n-gram that already began earlier in the sequence."""
-    marked, seen = [False] * len(tokens), set()
-    for i in range(len(tokens) - n + 1):
-        gram = tuple(tokens[i:i + n])
-        if gram in seen:
-            marked[i:i + n] = [True] * n
-        seen.add(gram)
-    return marked
 
 
 def sequence_unlikelihood_loss(log_probs, labels, n: int = REPEAT_NGRAM):
