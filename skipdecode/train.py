@@ -16,6 +16,9 @@ reference does (the student copies the full model, which is what a skip decoder 
 `--on-policy SHARE` (GKD) draws that share of the batches from the student itself: it decodes the batch's
 prompts at its own speedup (temperature 1, skipdecode/onpolicy.py) and learns the teacher's KL on those
 answers alone, so it sees, and is corrected after, its own mistakes; the other batches keep their loss.
+`--on-policy-temperature 0` draws them greedily instead, the decoding whose loops the demo shows, and
+`--teacher-penalty P` scores them against the teacher with CTRL's repetition penalty on what the answer
+already said: the full model finds a loop predictable, the penalized one says what to write instead.
 `--unlikelihood W` adds W x token-level unlikelihood (Welleck et al., 2020) against loops: see unlikelihood_loss.
 `--sequence-unlikelihood SHARE` is their sequence level: that share of the batches are the student's own
 greedy answers, and the loss on them pushes down every token of a 4-gram the answer already said.
@@ -79,6 +82,8 @@ class TrainConfig:
     renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
     sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
     on_policy: float = 0.0  # share of batches decoded by the student itself and scored by KL to the teacher
+    on_policy_temperature: float = 1.0  # how the student draws those batches (0: greedy)
+    teacher_penalty: float = 1.0  # on those batches, CTRL's repetition penalty on the teacher's logits (1: off)
     unlikelihood: float = 0.0  # weight of the token-level unlikelihood loss on the target's earlier tokens
     sequence_unlikelihood: float = 0.0  # share of batches: the student's greedy answers, unlikelihood on their repeats
     complete_refs: bool = False  # train only on the references that miss the fewest MR values
@@ -184,6 +189,29 @@ class SkipLM(torch.nn.Module):
         if unlikelihood:
             loss = loss + unlikelihood * unlikelihood_loss(log_probs, labels)
         return loss
+
+
+def penalize_repeats(logits, labels, penalty: float):
+    """CTRL's repetition penalty (Keskar et al., 2019; transformers' `repetition_penalty`) on next-token
+    logits at the target positions of `labels` (row after row, as SkipLM.logits gives them): a token the
+    answer already said before a position gets its logit divided by `penalty` there where positive,
+    multiplied where negative. Only the answer's own tokens count, not the prompt's (as unlikelihood_loss).
+    Why: on the student's own greedy answers, the KL to the full model teaches its loops back to it, since the
+    full model finds a loop predictable; the penalized teacher puts that mass on what it would say instead."""
+    if penalty == 1:
+        return logits
+    out, start = logits.clone(), 0
+    for row in labels:
+        target = row[row >= 0]
+        n = len(target)
+        first = ~(target[:, None] == target[None, :]).tril(-1).any(1)  # target[i] did not occur before i
+        said = torch.zeros(n, logits.shape[-1], dtype=torch.bool, device=logits.device)
+        where = torch.arange(n, device=logits.device)
+        said.scatter_(1, target[first].expand(n, -1), where[:, None] > where[first][None, :])
+        block = out[start:start + n]
+        block[said] = torch.where(block[said] > 0, block[said] / penalty, block[said] * penalty)
+        start += n
+    return out
 
 
 def unlikelihood_loss(log_probs, labels):
@@ -389,6 +417,11 @@ def train(config: TrainConfig) -> dict:
         raise ValueError(f"--unlikelihood is a loss weight, >= 0; got {config.unlikelihood}")
     if not 0 <= config.sequence_unlikelihood <= 1:
         raise ValueError(f"--sequence-unlikelihood is a share of the batches, in [0, 1]; got {config.sequence_unlikelihood}")
+    if config.on_policy_temperature < 0 or config.teacher_penalty < 1:
+        raise ValueError(f"--on-policy-temperature must be >= 0 (0: greedy) and --teacher-penalty >= 1 (1: off); got "
+                         f"{config.on_policy_temperature} and {config.teacher_penalty}")
+    if (config.on_policy_temperature != 1 or config.teacher_penalty != 1) and not config.on_policy:
+        raise ValueError("--on-policy-temperature and --teacher-penalty shape the --on-policy batches: give --on-policy")
     if config.on_policy and config.sequence_unlikelihood:
         raise ValueError("--on-policy and --sequence-unlikelihood both give batches to the student's own answers: "
                          "choose one")
@@ -433,11 +466,12 @@ def train(config: TrainConfig) -> dict:
             full = merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
     sampler, own_share = None, config.on_policy or config.sequence_unlikelihood
-    if own_share:  # on-policy KL samples at temperature 1; sequence-level unlikelihood looks at greedy loops
+    if own_share:  # on-policy KL samples at its temperature; sequence-level unlikelihood looks at greedy loops
         from .onpolicy import StudentSampler
 
         sampler = StudentSampler(load_model(config.model, device="cpu", dtype="float32").model.to(accelerator.device),
-                                 tokenizer, config.max_answer_tokens, 1.0 if config.on_policy else 0.0)
+                                 tokenizer, config.max_answer_tokens,
+                                 config.on_policy_temperature if config.on_policy else 0.0)
 
     if config.task == "general":  # targets: the full-depth base model's answers, cached beside the checkpoints
         from .general import training_examples
@@ -473,7 +507,8 @@ def train(config: TrainConfig) -> dict:
         picker.choice(schedules)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def run_batch(examples, schedule, distill: float = 0.0, unlikelihood: float = 0.0, repeats: bool = False):
+    def run_batch(examples, schedule, distill: float = 0.0, unlikelihood: float = 0.0, repeats: bool = False,
+                  penalty: float = 1.0):
         input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
         batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
@@ -482,7 +517,8 @@ def train(config: TrainConfig) -> dict:
                 return model(*batch, unlikelihood=unlikelihood, repeats=repeats)
             with torch.no_grad():
                 full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
-                teacher_logits = teacher.logits(batch[0], batch[1], full.to(accelerator.device), batch[3])
+                teacher_logits = penalize_repeats(teacher.logits(batch[0], batch[1], full.to(accelerator.device),
+                                                                 batch[3]), batch[3], penalty)
             return model(*batch, teacher_logits=teacher_logits, distill=distill, unlikelihood=unlikelihood)
 
     def validation_loss():
@@ -523,7 +559,8 @@ def train(config: TrainConfig) -> dict:
                 if own and config.sequence_unlikelihood:
                     loss = run_batch(examples, schedule, repeats=True)
                 else:
-                    loss = run_batch(examples, schedule, 1.0 if own else config.distill, config.unlikelihood)
+                    loss = run_batch(examples, schedule, 1.0 if own else config.distill, config.unlikelihood,
+                                     penalty=config.teacher_penalty if own else 1.0)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -587,9 +624,10 @@ def finish_adapter(folder: Path) -> None:
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the target + {c['distill']:g} x KL from"
                     f" {_teacher_words(c['teacher'])} (self-distillation)." if c.get("distill") else "",
-                    f" {c['on_policy']:.0%} of the batches are the student's own answers (temperature 1, at its"
-                    f" speedup), scored by the KL from {_teacher_words(c['teacher'])} alone (on-policy distillation)."
-                    if c.get("on_policy") else "",
+                    f" {c['on_policy']:.0%} of the batches are the student's own answers"
+                    f" ({_drawn(c.get('on_policy_temperature', 1.0))}, at its speedup), scored by the KL from"
+                    f" {_teacher_words(c['teacher'])} alone (on-policy distillation)"
+                    f"{_penalized(c.get('teacher_penalty', 1.0))}." if c.get("on_policy") else "",
                     f" Each training target is cut before the first run of {c['cut_loops']} tokens it already"
                     f" said: the base model's greedy answers often end in a loop." if c.get("cut_loops") else "",
                     f" Plus {c['unlikelihood']:g} x token-level unlikelihood on the tokens the target already"
@@ -635,6 +673,15 @@ def _teacher_words(teacher: str) -> str:
     from .adapters import NONE
 
     return "the full-depth base model" if str(teacher).lower() in NONE else f"the full-depth model with `{teacher}`"
+
+
+def _drawn(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"temperature {temperature:g}"
+
+
+def _penalized(penalty: float) -> str:
+    return "" if penalty == 1 else (f", its logits given CTRL's repetition penalty {penalty:g} on the tokens the"
+                                    " answer already said")
 
 
 def _card_data(meta: dict, instruction: str) -> tuple[str, str, str]:
@@ -697,6 +744,11 @@ def register(subparsers) -> None:
                    help="that share of the batches: the student decodes the prompts itself (temperature 1) and "
                         "learns the --teacher's KL on its own answers (on-policy distillation; general: the base "
                         "model is the default teacher)")
+    p.add_argument("--on-policy-temperature", type=float, default=defaults.on_policy_temperature, metavar="T",
+                   help="the temperature the --on-policy batches are drawn at (0: greedy, the demo's decoding)")
+    p.add_argument("--teacher-penalty", type=float, default=defaults.teacher_penalty, metavar="P",
+                   help="on the --on-policy batches, the teacher's logits get CTRL's repetition penalty P on the "
+                        "tokens the answer already said (1: off), so its KL stops teaching the student's loops")
     p.add_argument("--unlikelihood", type=float, default=0.0, metavar="W",
                    help="add W x token-level unlikelihood (Welleck et al. 2020): probability on the tokens the target "
                         "already used, other than the one due, is pushed down, against loops (validation loss "

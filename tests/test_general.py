@@ -367,6 +367,44 @@ def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_model
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), task="general", model=model, on_policy=1.5))
 
 
+def test_greedy_on_policy_batches_can_be_scored_against_a_teacher_that_penalizes_repeats(pool, tmp_path, monkeypatch):
+    """`--on-policy 0.5 --on-policy-temperature 0 --teacher-penalty 1.5`: the student's batches are its greedy
+    answers, and only their teacher logits get the penalty; the card says both; bad values are refused."""
+    from skipdecode import onpolicy
+    from skipdecode import train as training
+
+    model = str(tiny_checkpoint(tmp_path / "tiny"))
+    temperatures, penalties = [], []
+    sample, penalize = onpolicy.StudentSampler.sample, training.penalize_repeats
+
+    def spy(self, examples, schedule, seed):
+        temperatures.append(self.temperature)
+        return sample(self, examples, schedule, seed)
+
+    def watched(logits, labels, penalty):
+        penalties.append(penalty)
+        return penalize(logits, labels, penalty)
+
+    monkeypatch.setattr(onpolicy.StudentSampler, "sample", spy)
+    monkeypatch.setattr(training, "penalize_repeats", watched)
+    config = training.TrainConfig(out=str(tmp_path / "pen"), task="general", model=model, speedups=[2.0], limit=4,
+                                  batch_size=4, steps=4, on_policy=0.5, on_policy_temperature=0.0,
+                                  teacher_penalty=1.5, distill=0.5, rank=8, alpha=16, max_answer_tokens=10,
+                                  validation_examples=4, eval_every=100, checkpoint_dir=str(tmp_path / "checkpoints"),
+                                  precision="fp32")
+    summary = training.train(config)
+    assert [bool(h.get("on_policy")) for h in summary["history"]] == [False, True, False, True]
+    assert temperatures == [0.0, 0.0]
+    assert penalties[:4] == [1.0, 1.5, 1.0, 1.5]  # the target batches keep the plain teacher
+    card = (tmp_path / "pen" / "README.md").read_text()
+    assert "greedy, at its speedup" in card and "repetition penalty 1.5" in card
+    for bad, message in [({"on_policy": 0.5, "teacher_penalty": 0.9}, "--teacher-penalty >= 1"),
+                         ({"on_policy": 0.5, "on_policy_temperature": -1.0}, "--on-policy-temperature must be"),
+                         ({"teacher_penalty": 1.3, "distill": 0.5}, "give --on-policy")]:
+        with pytest.raises(ValueError, match=message):
+            training.train(training.TrainConfig(out=str(tmp_path / "bad"), task="general", model=model, **bad))
+
+
 def test_sequence_unlikelihood_batches_are_the_students_greedy_answers_scored_on_their_repeats(pool, tmp_path,
                                                                                                  monkeypatch):
     """`--sequence-unlikelihood 0.5`: every other batch the student decodes the prompts greedily (the same

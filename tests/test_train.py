@@ -115,6 +115,24 @@ def test_unlikelihood_training_moves_probability_off_tokens_the_answer_already_u
     assert repeat < 0.7 * new
 
 
+def test_the_teachers_repetition_penalty_touches_only_what_the_answer_already_said():
+    """CTRL's penalty: at each target position, the tokens of the answer before it (not the prompt's, not
+    the one about to be said for the first time) get a positive logit divided, a negative one multiplied."""
+    from skipdecode.train import penalize_repeats
+
+    labels = torch.tensor([[-100, 3, 1, 3, 2], [-100, -100, 0, 0, -100]])  # 4 + 2 target positions
+    logits = torch.tensor([[2.0, -1.0, 4.0, 1.0]] * 6)
+    out = penalize_repeats(logits, labels, 2.0)
+    expected = logits.clone()
+    expected[1, 3] = 0.5  # after "3": 3 is divided
+    expected[2, 1], expected[2, 3] = -2.0, 0.5  # after "3 1": 1 (negative) multiplied, 3 divided
+    expected[3, 1], expected[3, 3] = -2.0, 0.5  # after "3 1 3": the same two, once each
+    expected[5, 0] = 1.0  # second row, after "0"
+    assert torch.equal(out, expected)
+    assert torch.equal(logits, torch.tensor([[2.0, -1.0, 4.0, 1.0]] * 6))  # the input is left as it was
+    assert penalize_repeats(logits, labels, 1.0) is logits
+
+
 def test_sequence_unlikelihood_penalizes_every_token_of_a_repeated_4gram_and_nothing_else():
     from skipdecode.train import repeated_ngrams, sequence_unlikelihood_loss
 
