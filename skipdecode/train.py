@@ -200,17 +200,15 @@ def penalize_repeats(logits, labels, penalty: float):
     full model finds a loop predictable; the penalized teacher puts that mass on what it would say instead."""
     if penalty == 1:
         return logits
-    out, start = logits.clone(), 0
-    for row in labels:
-        target = row[row >= 0]
+    out = logits.clone()
+    for block, target in _answers(out, labels):  # each block is a view of `out`
         n = len(target)
         first = ~(target[:, None] == target[None, :]).tril(-1).any(1)  # target[i] did not occur before i
         said = torch.zeros(n, logits.shape[-1], dtype=torch.bool, device=logits.device)
         where = torch.arange(n, device=logits.device)
         said.scatter_(1, target[first].expand(n, -1), where[:, None] > where[first][None, :])
-        block = out[start:start + n]
-        block[said] = torch.where(block[said] > 0, block[said] / penalty, block[said] * penalty)
-        start += n
+        values = block[said]
+        block[said] = torch.where(values > 0, values / penalty, values * penalty)
     return out
 
 
