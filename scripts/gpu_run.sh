@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
-#   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|all]
+#   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|general|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
-#   costs, graphs captured, against the next ones; real: the bench on the real weights, see below)
+#   costs, graphs captured, against the next ones; real: the bench on the real weights, see below;
+#   general: issue 21's round-9 candidates, trained on the real weights, docs/general-adapters.md)
 # It needs, in the ignored folder .gpu/ (made on the developer's machine by scripts/gpu_pack.sh, carried
 # with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
@@ -21,7 +22,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e \
   SKIPDECODE_PROMPTS_DIR=$PWD/.gpu/prompts
-if [[ $what == real ]]; then
+if [[ $what == real || $what == general ]]; then
   # The real weights, carried in three pieces by three calls just before this one (a call may carry 64 MiB
   # with the tree; a warm machine keeps /tmp but not the last call's carried folders): made here by
   # `split -n 3 -d` of the bundled GGUF into .w1/part .w2/part .w3/part (sha256 in .gpu/gguf.sha256), and
@@ -33,7 +34,7 @@ if [[ $what == real ]]; then
   [[ $(sha256sum $gguf | cut -c1-64) == $(cat .gpu/gguf.sha256) ]] || { echo "GGUF pieces do not match"; exit 1; }
   export SKIPDECODE_CACHE=/tmp/skipdecode-real
 fi
-[[ $what == real ]] || python3 - <<'PY' || exit 1
+[[ $what == real || $what == general ]] || python3 - <<'PY' || exit 1
 import os, shutil, torch
 from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -91,4 +92,35 @@ for batch in (1, 16):
 print("kept steps:", [(s.batch, s.width) for s in engine._steps.free.values()],
       f"cache MB: {sum(s.cache.data.numel() * s.cache.data.element_size() for s in engine._steps.free.values()) / 1e6:.0f}")
 PY
+fi
+if [[ $what == general ]]; then
+  # Round 9 of docs/general-adapters.md: candidates M (2x) and N (3x) at once on the one GPU, bf16 autocast
+  # (the GPU's "auto"). The targets come cached from the CPU (.gpu/targets-*.jsonl, float32); any it had not
+  # made yet are made here first, in float32 too (SKIPDECODE_DTYPE), by one process. Each run stops by the
+  # deadline (BUDGET seconds from here, targets included, default 480); snapshots every 50 steps stand in for
+  # one that does not finish. Each adapter comes back as one tar (the final one, else the latest snapshot).
+  deadline=$((SECONDS + ${BUDGET:-480}))
+  mkdir -p /tmp/ck && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
+  args="--task general --limit 4096 --max-answer-tokens 160 --batch-size 32 --steps 300 --rank 16 --alpha 32
+        --distill 0.5 --cut-loops 8 --snapshot-every 50 --checkpoint-every 1000 --checkpoint-dir /tmp/ck"
+  SKIPDECODE_DTYPE=float32 python3 - <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
+from skipdecode.general import training_examples, MAX_PROMPT_TOKENS
+from skipdecode.models import load_model
+train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None, 4096, 64,
+                               MAX_PROMPT_TOKENS, 160, "/tmp/ck", batch_size=64)
+print("targets:", len(train), "training prompts,", len(val), "validation prompts")
+PY
+  cp /tmp/ck/targets-*.jsonl "$out/"  # back to the CPU, where the candidates are scored and trained on
+  for s in 2 3; do
+    name=general-${s}x-$([[ $s == 2 ]] && echo M || echo N)
+    timeout $((deadline - SECONDS)) python3 -m skipdecode train $args --speedup $s --out /tmp/ck/runs/$name \
+      2>&1 | tr '\r' '\n' | grep -v "Removed shared tensor" > "$out/train-$name.log" &
+  done
+  wait
+  for name in general-2x-M general-3x-N; do
+    if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then tar -C /tmp/ck/runs -cf "$out/$name.tar" $name
+    else last=$(ls -d /tmp/ck/$name-snapshots/step-* 2>/dev/null | sort -V | tail -1)
+      [[ -n $last ]] && tar -C "$(dirname "$last")" -cf "$out/$name-$(basename "$last").tar" "$(basename "$last")"; fi
+    grep -o "val_loss=[0-9.]*" "$out/train-$name.log" | uniq | tr '\n' ' '; echo " <- $name"
+  done
 fi
