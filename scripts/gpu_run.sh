@@ -100,10 +100,11 @@ if [[ $what == general ]]; then
   # deadline (BUDGET seconds from here, targets included, default 480); snapshots every 50 steps stand in for
   # one that does not finish. Each adapter comes back as one tar (the final one, else the latest snapshot).
   deadline=$((SECONDS + ${BUDGET:-480}))
+  export SKIPDECODE_DTYPE=float32  # "auto" names the targets' cache file: the CPU's float32 one, not bfloat16
   mkdir -p /tmp/ck && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
   args="--task general --limit 4096 --max-answer-tokens 160 --batch-size 32 --steps 300 --rank 16 --alpha 32
         --distill 0.5 --cut-loops 8 --snapshot-every 50 --checkpoint-every 1000 --checkpoint-dir /tmp/ck"
-  SKIPDECODE_DTYPE=float32 python3 - <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
+  python3 - <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
 from skipdecode.general import training_examples, MAX_PROMPT_TOKENS
 from skipdecode.models import load_model
 train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None, 4096, 64,
@@ -113,7 +114,7 @@ PY
   cp /tmp/ck/targets-*.jsonl "$out/"  # back to the CPU, where the candidates are scored and trained on
   for s in 2 3; do
     name=general-${s}x-$([[ $s == 2 ]] && echo M || echo N)
-    timeout $((deadline - SECONDS)) python3 -m skipdecode train $args --speedup $s --out /tmp/ck/runs/$name \
+    timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) python3 -m skipdecode train $args --speedup $s --out /tmp/ck/runs/$name \
       2>&1 | tr '\r' '\n' | grep -v "Removed shared tensor" > "$out/train-$name.log" &
   done
   wait
