@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
-#   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|general|all]
+#   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|general [RUNS]|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
 #   costs, graphs captured, against the next ones; real: the bench on the real weights, see below;
-#   general: issue 21's round-9 candidates, trained on the real weights, docs/general-adapters.md)
+#   general [RUNS]: issue 21's candidates on the real weights, RUNS their list, docs/general-adapters.md)
 # It needs, in the ignored folder .gpu/ (made on the developer's machine by scripts/gpu_pack.sh, carried
 # with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
@@ -94,31 +94,38 @@ print("kept steps:", [(s.batch, s.width) for s in engine._steps.free.values()],
 PY
 fi
 if [[ $what == general ]]; then
-  # Round 9 of docs/general-adapters.md: candidates M (2x) and N (3x) at once on the one GPU, bf16 autocast
-  # (the GPU's "auto"). The targets come cached from the CPU (.gpu/targets-*.jsonl, float32); any it had not
-  # made yet are made here first, in float32 too (SKIPDECODE_DTYPE), by one process. Each run stops by the
-  # deadline (BUDGET seconds from here, targets included, default 480); snapshots every 50 steps stand in for
-  # one that does not finish. Each adapter comes back as one tar (the final one, else the latest snapshot).
+  # Issue 21's candidates (docs/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
+  # GPU's "auto"): one run a line of the file $2 (default scripts/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
+  # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/. The targets come
+  # cached from the CPU (.gpu/targets-*.jsonl, float32); any not made yet (the most --limit of the file) are
+  # made here first, in float32 too, by one process. Every run stops by the deadline (BUDGET seconds from
+  # here, targets included, default 480); snapshots every 50 steps stand in for one that does not finish.
+  # Each adapter comes back as one tar (the final one, else the latest snapshot), with the targets.
   deadline=$((SECONDS + ${BUDGET:-480}))
+  runs=${2:-scripts/gpu_general_runs.txt}
   export SKIPDECODE_DTYPE=float32  # "auto" names the targets' cache file: the CPU's float32 one, not bfloat16
   mkdir -p /tmp/ck && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
-  args="--task general --limit 4096 --max-answer-tokens 160 --batch-size 32 --steps 300 --rank 16 --alpha 32
-        --distill 0.5 --cut-loops 8 --snapshot-every 50 --checkpoint-every 1000 --checkpoint-dir /tmp/ck"
-  python3 - <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
+  limit=$(grep -o -- "--limit [0-9]*" "$runs" | cut -d' ' -f2 | sort -n | tail -1)
+  python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
+import sys
 from skipdecode.general import training_examples, MAX_PROMPT_TOKENS
 from skipdecode.models import load_model
-train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None, 4096, 64,
-                               MAX_PROMPT_TOKENS, 160, "/tmp/ck", batch_size=64)
+train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None,
+                               int(sys.argv[1]), 64, MAX_PROMPT_TOKENS, 160, "/tmp/ck", batch_size=64)
 print("targets:", len(train), "training prompts,", len(val), "validation prompts")
 PY
   cp /tmp/ck/targets-*.jsonl "$out/"  # back to the CPU, where the candidates are scored and trained on
-  for s in 2 3; do
-    name=general-${s}x-$([[ $s == 2 ]] && echo M || echo N)
-    timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) python3 -m skipdecode train $args --speedup $s --out /tmp/ck/runs/$name \
-      2>&1 | tr '\r' '\n' | grep -v "Removed shared tensor" > "$out/train-$name.log" &
-  done
+  while read -r name args; do
+    [[ -z $name || $name == \#* ]] && continue
+    # the student's own answers (--on-policy, --sequence-unlikelihood) come from an engine rebuilt at every
+    # draw: eager there, since CUDA graphs would be captured again each time
+    SKIPDECODE_CUDA_GRAPHS=off timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) \
+      python3 -m skipdecode train --task general \
+      --checkpoint-dir /tmp/ck $args --out /tmp/ck/runs/$name 2>&1 | tr '\r' '\n' \
+      | grep -v "Removed shared tensor" > "$out/train-$name.log" &
+  done < "$runs"
   wait
-  for name in general-2x-M general-3x-N; do
+  for name in $(grep -v "^#" "$runs" | cut -d' ' -f1); do
     if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then tar -C /tmp/ck/runs -cf "$out/$name.tar" $name
     else last=$(ls -d /tmp/ck/$name-snapshots/step-* 2>/dev/null | sort -V | tail -1)
       [[ -n $last ]] && tar -C "$(dirname "$last")" -cf "$out/$name-$(basename "$last").tar" "$(basename "$last")"; fi
