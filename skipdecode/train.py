@@ -44,6 +44,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -534,6 +535,7 @@ def train(config: TrainConfig) -> dict:
                    "train_minutes": round(seconds / 60, 1),
                    "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
                    "precision": pick_precision(config.precision), "resumed_from": resumed_from,
+                   "device": where_trained(accelerator.device),
                    "config": asdict(config), "history": history}
         if config.task == "general":  # what `eval --prompts validation` checks before it scores the adapter
             from .general import HELD_OUT_RULE
@@ -599,6 +601,16 @@ def save_adapter(peft_model, out: Path, summary: dict) -> None:
     finish_adapter(out)
 
 
+def where_trained(device) -> str:
+    """The machine in words for the card ("an NVIDIA H200", "a 2-core AMD EPYC"): minutes mean little
+    without it, and runs of one project now train on a CPU or on a lent GPU."""
+    from .bench import machine
+
+    if torch.device(device).type == "cuda":
+        return f"an {torch.cuda.get_device_name(device)}"
+    return f"a {os.cpu_count()}-core {machine()['cpu']}"
+
+
 def finish_adapter(folder: Path) -> None:
     """Make a saved adapter fit to ship: LoRA weights in float16 (half the size, under the 10 MB a Hugging
     Face Space takes without LFS, loaded back into float32 on merge; on e2e-all, greedy outputs of 16 test
@@ -657,7 +669,7 @@ Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the eng
 tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
 budget b(s), {shape}, in {c["mode"]} mode; a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
 {c["alpha"]}, {meta["steps"]} steps of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
-{meta["train_minutes"]} minutes on a 2-core CPU; validation loss {meta["val_loss"]}. Every setting and the loss
+{meta["train_minutes"]} minutes on {meta.get("device", "a 2-core CPU")}; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
 
 {data}

@@ -1,6 +1,7 @@
 """Skip-aware training follows exactly the layer plan of decoding, and it learns."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -210,6 +211,9 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     assert all(torch.allclose(start[k].float(), after[k].float(), atol=1e-3) for k in start)
     card = (tmp_path / "kd" / "README.md").read_text()
     assert "e2e-1x" in card and "50% of the training examples name a made-up restaurant" in card
+    # the card says where the minutes were spent: this machine's CPU here, a GPU's name on a GPU
+    assert summary["device"] == training.where_trained("cpu") and f"minutes on {summary['device']};" in card
+    assert summary["device"].startswith(f"a {os.cpu_count()}-core ")
     summary = training.train(training.TrainConfig(out=str(tmp_path / "skd"), init="e2e-1x", teacher="e2e-1x",
                                                   distill=0.5, sequence_kd=True, steps=1, **base))
     assert summary["config"]["sequence_kd"] and summary["train_examples"] == 8
