@@ -3,13 +3,13 @@
 #   bash scripts/gpu_pack.sh
 # .gpu/  wheels of the pinned versions the GPU image lacks, the default model's config and tokenizer, the
 #        E2E test and dev CSVs, the chat prompt pool, the GGUF's sha256 (26 MB: it travels with `carry`)
-# .w1/ .w2/ ...  the bundled GGUF in as many pieces as it takes for one to travel with the tracked tree in
-#                 a call (64 MiB a call), one carried per call
+# .gpu-pieces/1/ 2/ ...  the bundled GGUF in as many pieces as it takes for one to travel with the tracked
+#                 tree in a call (64 MiB a call), one carried per call
 # All are ignored (.git/info/exclude). Python 3.12 wheels: the GPU image's python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
-for d in .gpu .gpu2 '.w[0-9]*'; do grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+for d in .gpu .gpu2 .gpu-pieces; do grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
 mkdir -p .gpu/whl .gpu/model .gpu/e2e .gpu/prompts
 $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl \
@@ -25,6 +25,6 @@ sha256sum "$gguf" | cut -c1-64 > .gpu/gguf.sha256
 tree=$(git ls-files -z | xargs -0 stat -c %s | awk "{s += \$1} END {print s}")
 room=$((62 * 1024 * 1024 - tree))  # what a call can carry beside the tree, with 2 MiB to spare
 pieces=$(( ($(stat -c %s "$gguf") + room - 1) / room ))
-rm -rf .w[0-9]* && split -n "$pieces" -a 2 -d "$gguf" /tmp/gguf.part
-for i in $(seq 1 "$pieces"); do mkdir -p .w$i; mv /tmp/gguf.part$(printf %02d $((i - 1))) .w$i/part; done
-echo "$pieces pieces"; du -sh .gpu .w[0-9]*
+rm -rf .gpu-pieces && split -n "$pieces" -a 2 -d "$gguf" /tmp/gguf.part
+for i in $(seq 1 "$pieces"); do mkdir -p .gpu-pieces/$i; mv /tmp/gguf.part$(printf %02d $((i - 1))) .gpu-pieces/$i/part; done
+echo "$pieces pieces"; du -sh .gpu .gpu-pieces/*

