@@ -209,9 +209,10 @@ class Callbacks:
             shown += [table.message,
                       gr.Dataframe(table.frame if present else pd.DataFrame(), visible=present),
                       gr.Plot(_safe_figure(figure, table.frame) if present else None, visible=present)]
-        beams = load_table("e2e-beams4")  # the same adapters decoded by beam search: a table, no plot
-        shown += [beams.message, gr.Dataframe(beams.frame if beams.frame is not None else pd.DataFrame(),
-                                              visible=beams.frame is not None)]
+        # tables without a plot: the E2E adapters decoded by beam search; what people type (general prompts)
+        for table in (load_table("e2e-beams4"), load_table("general")):
+            shown += [table.message, gr.Dataframe(table.frame if table.frame is not None else pd.DataFrame(),
+                                                  visible=table.frame is not None)]
         return tuple(shown)
 
 

@@ -206,6 +206,10 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                 beams_table = gr.Dataframe(label="E2E quality (test set), decoded by beam search of width 4, as the "
                                                  "E2E challenge's systems decoded", interactive=False, visible=False,
                                            elem_id="sd-results-beams")
+                general_note = gr.Markdown()
+                general_table = gr.Dataframe(label="General prompts (64 held-out chat prompts, 96 new tokens, greedy): "
+                                                   "scored against the base model's own full-depth answers",
+                                             interactive=False, visible=False, elem_id="sd-results-general")
                 bench_note = gr.Markdown()
                 bench_plot = gr.Plot(show_label=False, visible=False)
                 bench_table = gr.Dataframe(label="Speed benchmark", interactive=False, visible=False)
@@ -234,7 +238,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             [throughput_plot, throughput_table], api_visibility="private",
                             concurrency_limit=concurrency, concurrency_id="decode")
         result_outputs = [show_experiments, e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot,
-                          beams_note, beams_table]
+                          beams_note, beams_table, general_note, general_table]
         demo.load(cb.results, None, result_outputs, api_visibility="private", queue=False)
         refresh.click(cb.results, None, result_outputs, api_visibility="private", queue=False).then(
             results.e2e_figure, [show_experiments], [e2e_plot], api_visibility="private", queue=False)

@@ -1,4 +1,5 @@
-"""The measured results in assets/results: the E2E quality table and the speed benchmark, if present.
+"""The measured results in assets/results: the E2E quality tables, the general-prompt table and the speed
+benchmark, if present.
 
 The files stay as the commands wrote them; the page only orders them: the columns a reader needs first,
 and in the E2E table the rows of the adapters this app serves (the adapters folder) first, marked in a
@@ -19,11 +20,13 @@ RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"
 SOURCES = {
     "e2e": ("e2e.csv", "skipdecode eval --compare-adapters"),
     "e2e-beams4": ("e2e-beams4.csv", "skipdecode eval --speedups 1,2,3,5 --no-untrained --beams 4"),
+    "general": ("general.csv", "skipdecode eval --prompts validation --speedups 1,2,3,5"),
     "bench": ("bench.csv", "skipdecode bench"),
 }
 FIRST_COLUMNS = {  # what a reader looks for first, in this order; the other columns follow as written
     "e2e": ("row", "adapter", "served", "speedup", "bleu", "bleu_e2e", "ser", "names", "decode_speedup"),
     "e2e-beams4": ("row", "adapter", "speedup", "bleu", "bleu_e2e", "ser", "names", "decode_speedup"),
+    "general": ("speedup", "adapter", "rouge_l_vs_full", "ppl_ratio", "repetition", "decode_speedup"),
     "bench": ("method", "speedup", "batch_size", "measured_speedup", "tokens_per_s", "bound"),
 }
 log = logging.getLogger("skipdecode.app")

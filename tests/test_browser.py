@@ -172,4 +172,8 @@ def test_results_tab_draws_the_served_frontier(page):
     assert all(name in text for name in e2e["adapter"] if name != "none"), text
     assert e2e["served"].all() and points.count() == len(e2e)
     assert not page.locator("#sd-show-experiments").is_visible()
+    # what people type: the shipped general-prompt table, one row a speedup, its adapters named
+    general = load_table("general").frame
+    table = page.locator("#sd-results-general")
+    assert table.is_visible() and all(name in table.inner_text() for name in general["adapter"])
     screenshot(page, "results.png")

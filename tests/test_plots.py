@@ -192,10 +192,12 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
         "method,speedup,batch_size,tokens_per_s,measured_speedup,bound\n"
         "full,1,1,30,1.0,1.0\nskipdecode,3,1,66,2.2,2.4\nearly_exit_peer,3,1,40,1.3,2.4\n")
     monkeypatch.setattr(app.results, "RESULTS_DIR", tmp_path)
-    box, e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot, beams_note, beams_table = \
-        Callbacks(studio=None).results()
+    box, e2e_note, e2e_table, e2e_plot, bench_note, bench_table, bench_plot, beams_note, beams_table, \
+        general_note, general_table = Callbacks(studio=None).results()
     assert "No `e2e.csv` yet" in e2e_note and not e2e_table.visible and not e2e_plot.visible and not box.visible
     assert "No `e2e-beams4.csv` yet" in beams_note and "--beams 4" in beams_note and not beams_table.visible
+    assert "No `general.csv` yet" in general_note and "--prompts validation" in general_note
+    assert not general_table.visible
     assert "3 rows" in bench_note and bench_table.visible and bench_plot.visible
     names = {trace.get("name") for trace in json.loads(bench_plot.value["plot"])["data"]}
     assert {"SkipDecode, batch 1", "early-exit peer, batch 1"} <= names
@@ -206,9 +208,17 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     monkeypatch.setattr(app.results, "served_adapters", lambda: set(pd.read_csv(tmp_path / "e2e.csv")["adapter"]))
     assert not Callbacks(studio=None).results()[0].visible
     (tmp_path / "e2e-beams4.csv").write_text("row,adapter,speedup,bleu,bleu_e2e\nfine-tuned 1x,e2e-1x,1.0,66.0,66.9\n")
-    *_, beams_note, beams_table = Callbacks(studio=None).results()
+    *_, beams_note, beams_table, _, _ = Callbacks(studio=None).results()
     assert "1 rows" in beams_note and beams_table.visible and list(beams_table.value["headers"][:3]) == [
         "row", "adapter", "speedup"]
+    # the general-prompt table as eval wrote it, the columns a reader looks for first
+    (tmp_path / "general.csv").write_text(
+        "speedup,adapter,rouge_l_vs_full,bleu_vs_full,ppl_ratio,agreement,repetition,avg_layers,decode_speedup\n"
+        "1.0,none,100.0,100.0,1.0,100.0,10.7,30.0,1.0\n2.0,general-2x,29.0,12.4,2.64,7.7,14.5,15.2,1.74\n")
+    *_, general_note, general_table = Callbacks(studio=None).results()
+    assert "2 rows" in general_note and general_table.visible
+    assert list(general_table.value["headers"][:6]) == ["speedup", "adapter", "rouge_l_vs_full", "ppl_ratio",
+                                                        "repetition", "decode_speedup"]
 
 
 def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served_set(tmp_path, monkeypatch):
