@@ -105,7 +105,7 @@ if [[ $what == general ]]; then
   runs=${2:-scripts/gpu_general_runs.txt}
   export SKIPDECODE_DTYPE=float32  # "auto" names the targets' cache file: the CPU's float32 one, not bfloat16
   mkdir -p /tmp/ck && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
-  limit=$(grep -o -- "--limit [0-9]*" "$runs" | cut -d' ' -f2 | sort -n | tail -1)
+  limit=$(grep -v "^#" "$runs" | grep -o -- "--limit [0-9]*" | cut -d' ' -f2 | sort -n | tail -1)
   python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
 import sys
 from skipdecode.general import training_examples, MAX_PROMPT_TOKENS

@@ -44,7 +44,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -496,7 +495,7 @@ def train(config: TrainConfig) -> dict:
         progress = json.loads((run_dir / "progress.json").read_text())
         step, elapsed_before = progress["step"], progress["seconds"]
         history = progress.get("history", [])
-    resumed_from = step
+    resumed_from, trained_on = step, where_trained(accelerator.device)
 
     # Each process takes every n-th micro-batch; a resumed run skips what it already consumed.
     stream = batches(groups, config.batch_size, config.seed)
@@ -535,7 +534,7 @@ def train(config: TrainConfig) -> dict:
                    "train_minutes": round(seconds / 60, 1),
                    "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
                    "precision": pick_precision(config.precision), "resumed_from": resumed_from,
-                   "device": where_trained(accelerator.device),
+                   "device": trained_on,
                    "config": asdict(config), "history": history}
         if config.task == "general":  # what `eval --prompts validation` checks before it scores the adapter
             from .general import HELD_OUT_RULE
@@ -608,7 +607,8 @@ def where_trained(device) -> str:
 
     if torch.device(device).type == "cuda":
         return f"an {torch.cuda.get_device_name(device)}"
-    return f"a {os.cpu_count()}-core {machine()['cpu']}"
+    cpu = machine()
+    return f"a {cpu['cores']}-core {cpu['cpu']}"
 
 
 def finish_adapter(folder: Path) -> None:
