@@ -96,7 +96,8 @@ fi
 if [[ $what == general ]]; then
   # Issue 21's candidates (docs/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
   # GPU's "auto"): one run a line of the file $2 (default scripts/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
-  # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/. The targets come
+  # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/, or come from an
+  # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the runs started above it. The targets come
   # cached from the CPU (.gpu/targets-*.jsonl, float32); any not made yet (the most --limit of the file) are
   # made here first, in float32 too, by one process. Every run stops by the deadline (BUDGET seconds from
   # here, targets included, default 480); snapshots every 50 steps stand in for one that does not finish.
@@ -117,6 +118,7 @@ PY
   cp /tmp/ck/targets-*.jsonl "$out/"  # back to the CPU, where the candidates are scored and trained on
   while read -r name args; do
     [[ -z $name || $name == \#* ]] && continue
+    [[ $name == wait ]] && { wait; continue; }  # a stage ends: the next lines may start from its adapters
     # the student's own answers (--on-policy, --sequence-unlikelihood) come from an engine rebuilt at every
     # draw: eager there, since CUDA graphs would be captured again each time
     SKIPDECODE_CUDA_GRAPHS=off timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) \
@@ -125,7 +127,7 @@ PY
       | grep -v "Removed shared tensor" > "$out/train-$name.log" &
   done < "$runs"
   wait
-  for name in $(grep -v "^#" "$runs" | cut -d' ' -f1); do
+  for name in $(grep -v "^#\|^wait" "$runs" | cut -d' ' -f1); do
     if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then tar -C /tmp/ck/runs -cf "$out/$name.tar" $name
     else last=$(ls -d /tmp/ck/$name-snapshots/step-* 2>/dev/null | sort -V | tail -1)
       [[ -n $last ]] && tar -C "$(dirname "$last")" -cf "$out/$name-$(basename "$last").tar" "$(basename "$last")"; fi
