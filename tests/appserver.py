@@ -1,10 +1,10 @@
 """Serve app.py for real, in a subprocess on a free loopback port, for the HTTP and browser tests (and
 the load test script).
 
-One server per configuration and test session: the first test that asks starts it, the end of the
-session stops it. The default one runs with a long batching window (so requests fired together batch
-deterministically) and an empty adapters folder (so the model is the base one, which the tests decode
-themselves to check the API)."""
+One server per configuration and test session: the first test that asks starts it (or waits for the one
+`prestart` launched when the tests were collected), the end of the session stops it. The default one runs
+with a long batching window (so requests fired together batch deterministically) and an empty adapters
+folder (so the model is the base one, which the tests decode themselves to check the API)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
-_served: dict[str, str] = {}
+_served: dict[str, str] = {}  # name -> URL of a server that answered
+_launched: dict[str, Server] = {}  # name -> a server `prestart` launched, not yet waited for
+_ports: set[int] = set()
 
 
 def free_port() -> int:
@@ -48,21 +50,28 @@ class Server:
                 self.process.wait(20)
 
 
-def start(name: str = "app-server", args=(), env: dict | None = None, timeout_s: float = 180.0) -> Server:
-    """`python app.py` on a free loopback port with extra options and environment, once it answers.
-    Its output goes to test-artifacts/<name>.log."""
+def launch(name: str = "app-server", args=(), env: dict | None = None) -> Server:
+    """`python app.py` on a free loopback port with extra options and environment, started and not waited
+    for (`wait_until_up`). Its output goes to test-artifacts/<name>.log."""
     port = free_port()
+    while port in _ports:  # one launched a moment ago may not have bound its port yet
+        port = free_port()
+    _ports.add(port)
     ARTIFACTS.mkdir(exist_ok=True)
     log_path = ARTIFACTS / f"{name}.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port), *args],
                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}/", process, log_path)
+    return Server(f"http://127.0.0.1:{port}/", process, log_path)
+
+
+def wait_until_up(server: Server, timeout_s: float = 180.0) -> Server:
+    """`server` once it answers; stopped, and an error raised, if it exits or stays silent for timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"app.py exited with {process.returncode}; see {log_path}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"app.py exited with {server.process.returncode}; see {server.log}")
         try:
             with urllib.request.urlopen(server.url, timeout=5) as response:
                 if response.status == 200:
@@ -71,20 +80,41 @@ def start(name: str = "app-server", args=(), env: dict | None = None, timeout_s:
             pass
         if time.monotonic() > deadline:
             server.stop()
-            raise TimeoutError(f"app.py did not answer on {server.url} within {timeout_s:.0f} s; see {log_path}")
+            raise TimeoutError(f"app.py did not answer on {server.url} within {timeout_s:.0f} s; see {server.log}")
         time.sleep(0.5)
 
 
+def start(name: str = "app-server", args=(), env: dict | None = None, timeout_s: float = 180.0) -> Server:
+    """`python app.py` on a free loopback port with extra options and environment, once it answers.
+    Its output goes to test-artifacts/<name>.log."""
+    return wait_until_up(launch(name, args, env), timeout_s)
+
+
+def prestart(name: str = "app-server", args=(), env: dict | None = None) -> None:
+    """Launch the session's server of this name now and go on: it loads (20-25 s here) while other tests
+    run, and the first `app_url` of that name waits for it. The arguments are `app_url`'s."""
+    if name not in _served and name not in _launched:
+        _launched[name] = _launch_for_session(name, args, env)
+
+
 def app_url(timeout_s: float = 180.0, name: str = "app-server", args=(), env: dict | None = None) -> str:
-    """The base URL of the session's running `python app.py` of this name, started on first use.
-    Without `env`, the adapters folder is an empty temporary one."""
+    """The base URL of the session's running `python app.py` of this name, started on first use (or
+    earlier, by `prestart`). Without `env`, the adapters folder is an empty temporary one."""
     if name in _served:
         return _served[name]
+    server = _launched.pop(name, None) or _launch_for_session(name, args, env)
+    wait_until_up(server, timeout_s)
+    _served[name] = server.url
+    return server.url
+
+
+def _launch_for_session(name: str, args, env: dict | None) -> Server:
+    """A launched server that the end of the session stops."""
     adapters = None
     if env is None:
         adapters = tempfile.mkdtemp(prefix="no-adapters-")
         env = {"SKIPDECODE_BATCH_WINDOW_S": "0.8", "SKIPDECODE_ADAPTERS": adapters}
-    server = start(name, args, env, timeout_s)
+    server = launch(name, args, env)
 
     def stop():
         server.stop()
@@ -92,5 +122,4 @@ def app_url(timeout_s: float = 180.0, name: str = "app-server", args=(), env: di
             os.rmdir(adapters)
 
     atexit.register(stop)
-    _served[name] = server.url
-    return server.url
+    return server

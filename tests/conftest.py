@@ -20,6 +20,20 @@ PROMPTS = [
 ]
 
 
+def pytest_collection_finish(session):
+    """A test module with a `prestart_servers(fixtures)` function launches the app servers its selected tests
+    will use now (appserver.prestart), so they load while the tests before them run."""
+    if session.config.option.collectonly:
+        return
+    fixtures = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if hasattr(module, "prestart_servers"):
+            fixtures.setdefault(module, set()).update(item.fixturenames)
+    for module, names in fixtures.items():
+        module.prestart_servers(names)
+
+
 @pytest.fixture
 def cli(capsys):
     """`skipdecode ARGS` run by its `main()` in this process (the command's code without an interpreter's
@@ -78,3 +92,25 @@ class IdTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(str(i) for i in ids)
+
+
+def tiny_checkpoint(folder, layers: int = 6):
+    """A random Llama (6 layers unless told) with the default model's tokenizer (chat template included),
+    on disk."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from skipdecode.models import cached_default
+
+    tokenizer = AutoTokenizer.from_pretrained(cached_default())
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64, num_hidden_layers=layers,
+                                         max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

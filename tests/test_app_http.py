@@ -5,7 +5,7 @@ import threading
 import pytest
 from gradio_client import Client
 
-from appserver import app_url
+from appserver import app_url, prestart
 from skipdecode.beam import Beam
 from skipdecode.schedule import for_speedup
 
@@ -13,6 +13,13 @@ pytestmark = pytest.mark.slow
 MR = "name[Strada], eatType[pub], area[city centre]"
 PROMPT = "Write one sentence describing this restaurant, using every fact: " + MR
 TOKENS = 6
+
+
+def prestart_servers(fixtures):
+    """Called by conftest.py once the tests are collected: the default server starts loading at once, with
+    the other modules' servers (all idle time of this process otherwise, about 20 s each here)."""
+    if "url" in fixtures:
+        prestart()
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +164,7 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
 
 
 @pytest.mark.slow
-def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline():
+def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline(engine):
     """With the shipped adapters, "auto" runs SkipDecode with the adapter made for its speedup and full
     decoding with the one made for 1x, as the paper compares; the full side is that adapter's own decoding."""
     from app.callbacks import Callbacks
@@ -194,5 +201,5 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
         assert done.why[0] == "base model: no general adapter for 3x yet"
     else:
         assert "a general prompt at 3x" in done.why[0]
-    assert done.full.token_ids == Engine.load().generate([general], None, 4).token_ids[0]
+    assert done.full.token_ids == engine.generate([general], None, 4).token_ids[0]  # the base model, loaded apart
     studio.batcher.close()

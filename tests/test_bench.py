@@ -2,8 +2,6 @@
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -123,11 +121,10 @@ def test_speed_figure_is_built_from_rows():
     assert list(figure.data[1].x) == [1, 3] and list(figure.data[0].y) == pytest.approx([0.65, 1.95])
 
 
-def test_bench_command_writes_documented_rows(tmp_path):
+def test_bench_command_writes_documented_rows(tmp_path, cli):
     out = tmp_path / "bench.csv"
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "bench", "--speedups", "2", "--batch-sizes", "1,2",
-                           "--new-tokens", "4", "--repeats", "1", "--json", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = cli("bench", "--speedups", "2", "--batch-sizes", "1,2", "--new-tokens", "4", "--repeats", "1", "--json",
+               "--out", out)  # in-process: the command's code without an interpreter's start
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     rows = report["rows"]
@@ -159,9 +156,8 @@ def test_bench_command_writes_documented_rows(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
 
 
-def test_bench_missing_data_is_a_clear_error(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "bench", "--data", str(tmp_path / "nowhere.csv")],
-                          capture_output=True, text=True, timeout=120)
+def test_bench_missing_data_is_a_clear_error(tmp_path, cli):
+    done = cli("bench", "--data", tmp_path / "nowhere.csv")  # in-process: any other exception fails the test
     assert done.returncode == 2 and "E2E file not found" in done.stderr and "Traceback" not in done.stderr
 
 

@@ -128,10 +128,10 @@ def test_finished_rows_are_compacted(engine):
 def test_sampling_is_seeded_and_streams(engine):
     sampling = Sampling(temperature=0.8, top_k=50, top_p=0.9, seed=7)
     seen = []
-    a = engine.generate(PROMPTS[:2], max_new_tokens=24, sampling=sampling,
+    a = engine.generate(PROMPTS[:2], max_new_tokens=12, sampling=sampling,
                         on_step=lambda g: seen.append(sum(map(len, g.token_ids))))
-    b = engine.generate(PROMPTS[:2], max_new_tokens=24, sampling=sampling)
-    c = engine.generate(PROMPTS[:2], max_new_tokens=24, sampling=Sampling(temperature=0.8, seed=8))
+    b = engine.generate(PROMPTS[:2], max_new_tokens=12, sampling=sampling)
+    c = engine.generate(PROMPTS[:2], max_new_tokens=12, sampling=Sampling(temperature=0.8, seed=8))
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
     assert seen == sorted(seen) and len(seen) >= 2 and seen[-1] == sum(map(len, a.token_ids))

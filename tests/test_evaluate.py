@@ -2,8 +2,6 @@
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -263,7 +261,7 @@ def test_merge_adapter_changes_weights_and_refuses_another_model(tmp_path):
 def test_eval_command_json_rows(tmp_path, capsys):
     from skipdecode.cli import main
 
-    code = main(["eval", "--limit", "3", "--speedups", "1,3", "--max-new-tokens", "24", "--out",
+    code = main(["eval", "--limit", "3", "--speedups", "1,3", "--max-new-tokens", "12", "--out",
                  str(tmp_path / "new" / "e2e"), "--json"])  # in-process: the command's code, no interpreter start
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]
@@ -369,10 +367,9 @@ def test_an_eval_on_other_data_writes_to_a_fresh_temporary_folder_and_says_where
     assert len(list((fake_eval / "tmp").iterdir())) == 2
 
 
-def test_eval_on_held_out_mrs_with_made_up_names(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--made-up-names",
-                           "--limit", "2", "--speedups", "1", "--max-new-tokens", "24", "--out",
-                           str(tmp_path / "val"), "--json"], capture_output=True, text=True, timeout=600)
+def test_eval_on_held_out_mrs_with_made_up_names(tmp_path, cli):
+    done = cli("eval", "--split", "validation", "--made-up-names", "--limit", "2", "--speedups", "1",
+               "--max-new-tokens", "12", "--out", tmp_path / "val", "--json")  # in-process, as cli's docstring says
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     assert [r["row"] for r in rows] == ["untrained 1x", "fine-tuned 1x"] and all(r["mrs"] == 2 for r in rows)
@@ -382,16 +379,15 @@ def test_eval_on_held_out_mrs_with_made_up_names(tmp_path):
     assert len(decoded) == 2 and all(parse_mr(d["mr"])["name"] not in devset_names for d in decoded)
 
 
-def test_eval_refuses_a_validation_share_the_adapters_trained_on(tmp_path):
+def test_eval_refuses_a_validation_share_the_adapters_trained_on(tmp_path, cli, monkeypatch):
+    """In-process (`cli`): a refusal is a return code and a message; any other exception fails the test."""
     fake_adapter(tmp_path, "devset-1x", [1])  # devset-era (no split recorded), 5% of the devset held out
-    env = {**os.environ, adapters.ADAPTERS_ENV: str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
-                           "0.2", "--speedups", "1", "--limit", "1"], capture_output=True, text=True, timeout=600,
-                          env=env)
+    with monkeypatch.context() as patch:
+        patch.setenv(adapters.ADAPTERS_ENV, str(tmp_path))
+        done = cli("eval", "--split", "validation", "--validation-share", "0.2", "--speedups", "1", "--limit", "1")
     assert done.returncode != 0 and "adapter devset-1x held out other devset MRs" in done.stderr
     assert "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--split", "validation", "--validation-share",
-                           "1.5"], capture_output=True, text=True, timeout=600)
+    done = cli("eval", "--split", "validation", "--validation-share", "1.5")
     assert done.returncode != 0 and "--validation-share must be between 0 and 1; got 1.5" in done.stderr
 
 

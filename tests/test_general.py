@@ -2,14 +2,12 @@
 hand-made cases and a tiny model, the command itself, and `train --task general` on a tiny model."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import IdTokenizer, tiny_model
+from conftest import IdTokenizer, tiny_checkpoint, tiny_model
 from skipdecode import adapters, evaluate, general
 from skipdecode.engine import Engine
 from skipdecode.general import Answers, Plan
@@ -209,15 +207,14 @@ def test_a_failed_prompts_eval_leaves_no_empty_temporary_folder(tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_eval_prompts_command_smoke(tmp_path):
+def test_eval_prompts_command_smoke(tmp_path, cli):
     """The real command on three prompts, 8 new tokens, 1x and 3x: the 1x row is the base model at full
     depth (the reference itself), 3x runs the base model too while no general adapter ships."""
     prompts = tmp_path / "three.txt"
     prompts.write_text("Explain in one paragraph why the sky is blue.\nList three tips for staying focused.\n"
                        "Write a haiku about the sea.\n")
-    done = subprocess.run([sys.executable, "-m", "skipdecode", "eval", "--prompts", str(prompts), "--max-new-tokens",
-                           "8", "--speedups", "1,3", "--out", str(tmp_path / "run"), "--json"],
-                          capture_output=True, text=True, timeout=600)
+    done = cli("eval", "--prompts", prompts, "--max-new-tokens", "8", "--speedups", "1,3", "--out", tmp_path / "run",
+               "--json")  # in-process: the command's code without an interpreter's start
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     assert [(r["speedup"], r["adapter"]) for r in rows] == [(1.0, "none"), (3.0, "none")]
@@ -245,27 +242,6 @@ def test_full_depth_answers_are_cached_and_not_generated_again(engine, tmp_path,
         handle.write('{"prompt": "cut sh')  # a run stopped mid-line
     monkeypatch.setattr(general, "answer", lambda *a, **k: pytest.fail("generated again"))
     assert general.reference_answers(engine, prompts[:2], 6, cache=cache) == {p: first[p] for p in prompts[:2]}
-
-
-def tiny_checkpoint(folder: Path, layers: int = 6) -> Path:
-    """A random 6-layer Llama with the default model's tokenizer (chat template included), on disk."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from skipdecode.models import cached_default
-
-    tokenizer = AutoTokenizer.from_pretrained(cached_default())
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=64, num_hidden_layers=layers,
-                                         max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
-                                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache(pool, tmp_path, monkeypatch):

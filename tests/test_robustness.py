@@ -9,11 +9,16 @@ adapters for ours, so that the busy message, the time limit and internal errors 
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import re
+import shutil
+import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import gradio as gr
 import httpx
@@ -21,7 +26,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.utils import Status
 
-from appserver import ROOT, app_url
+from appserver import ROOT, app_url, prestart
 from skipdecode.batcher import Batcher, follow
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import Schedule, for_speedup
@@ -231,11 +236,13 @@ def test_token_text_keeps_multibyte_characters_whole_and_matches_the_decoded_out
 
 
 # ---- the served app: the public API of the guarded server -------------------------------------------
-@pytest.fixture(scope="module")
-def adapters(tmp_path_factory):
+@functools.cache
+def broken_adapters() -> Path:
     """An adapter made for another model, one whose loading fails with a message holding its local
-    path (no weights), and one whose weights are garbage (an internal error)."""
-    folder = tmp_path_factory.mktemp("adapters")
+    path (no weights), and one whose weights are garbage (an internal error). One temporary folder for
+    the session (the guarded server may be launched before any fixture runs), removed at its end."""
+    folder = Path(tempfile.mkdtemp(prefix="broken-adapters-"))
+    atexit.register(shutil.rmtree, folder, True)
     lora = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "task_type": "CAUSAL_LM"}
     for name, base, weights in (("elsewhere", "AnotherModel-7B", None), ("noweights", BASE, None),
                                 ("garbage", BASE, b"\x00\x01 not safetensors")):
@@ -247,11 +254,26 @@ def adapters(tmp_path_factory):
     return folder
 
 
+def guarded_server() -> dict:
+    return dict(name="app-server-guarded",
+                args=["--queue-size", "1", "--concurrency", "1", "--time-limit", str(TIME_LIMIT_S)],
+                env={"SKIPDECODE_ADAPTERS": str(broken_adapters()), "SKIPDECODE_BATCH_WINDOW_S": "0.05"})
+
+
+def prestart_servers(fixtures):
+    """Called by conftest.py once the tests are collected: the guarded server starts loading at once."""
+    if "guarded" in fixtures:
+        prestart(**guarded_server())
+
+
+@pytest.fixture(scope="module")
+def adapters():
+    return broken_adapters()
+
+
 @pytest.fixture(scope="module")
 def guarded(adapters):
-    return app_url(name="app-server-guarded",
-                   args=["--queue-size", "1", "--concurrency", "1", "--time-limit", str(TIME_LIMIT_S)],
-                   env={"SKIPDECODE_ADAPTERS": str(adapters), "SKIPDECODE_BATCH_WINDOW_S": "0.05"})
+    return app_url(**guarded_server())
 
 
 @pytest.fixture(scope="module")
