@@ -272,7 +272,7 @@ def adapters():
 
 
 @pytest.fixture(scope="module")
-def guarded(adapters):
+def guarded():
     return app_url(**guarded_server())
 
 
