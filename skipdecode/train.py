@@ -606,9 +606,18 @@ def where_trained(device) -> str:
     from .bench import machine
 
     if torch.device(device).type == "cuda":
-        return f"an {torch.cuda.get_device_name(device)}"
+        name = torch.cuda.get_device_name(device)
+        return f"{article(name)} {name}"
     cpu = machine()
     return f"a {cpu['cores']}-core {cpu['cpu']}"
+
+
+def article(name: str) -> str:
+    """"a" or "an" before a machine's name, by its first sound: "an NVIDIA H200", "a Tesla T4", "an AMD
+    Instinct MI300X" (a capitalized initialism whose first letter is said with a vowel: F, H, L, M, N, R, S, X)."""
+    word = name.split()[0] if name.split() else ""
+    vowel = word[:1].upper() in set("AEIOU") or (word.isupper() and word[:1] in set("FHLMNRSX"))
+    return "an" if vowel else "a"
 
 
 def finish_adapter(folder: Path) -> None:

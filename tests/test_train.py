@@ -10,7 +10,7 @@ import torch
 from conftest import DEVICE, PROMPTS, IdTokenizer, tiny_checkpoint, tiny_model
 from skipdecode.engine import Engine
 from skipdecode.schedule import Schedule, for_speedup
-from skipdecode.train import SkipLM, collate, layer_plan
+from skipdecode.train import SkipLM, article, collate, layer_plan
 
 
 def greedy_then_teacher_force(engine, model, prompt_ids, schedule, new_tokens):
@@ -433,3 +433,9 @@ def test_on_policy_batches_are_that_share_spread_evenly():
     assert [is_on_policy(s, 0.25) for s in range(8)] == [False, False, False, True] * 2
     assert sum(is_on_policy(s, 0.5) for s in range(600)) == 300
     assert not any(is_on_policy(s, 0.0) for s in range(50)) and all(is_on_policy(s, 1.0) for s in range(50))
+
+
+@pytest.mark.parametrize("name, expected", [("NVIDIA H200", "an"), ("Tesla T4", "a"), ("AMD Instinct MI300X", "an"),
+                                           ("Intel Xeon", "an"), ("GeForce RTX 4090", "a"), ("", "a")])
+def test_the_card_names_a_gpu_with_the_article_its_first_sound_takes(name, expected):
+    assert article(name) == expected
