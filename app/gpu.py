@@ -127,4 +127,4 @@ class ProcessBatcher:
 
 
 if zero_gpu():  # before anything touches CUDA: `spaces` patches torch when it is imported
-    import spaces  # noqa: F401
+    importlib.import_module("spaces")
