@@ -7,7 +7,9 @@ Copies each RUN folder to `assets/adapters/NAME` (replacing what was there), rew
 the adapters they started or distilled from (`init`, `teacher`) from a run's path to its served name where
 that run is served in the same call, and writes the model card again under the new name. Why: a run
 records its ancestors by absolute path on the machine that trained it; served, the lineage must read by
-name on any clone (eval's held-out check follows it), and the card must name what the app serves.
+name on any clone (eval's held-out check follows it), and the card must name what the app serves. A run
+trained on from the adapter it replaces records that one as NAME@COMMIT (the commit that served it, so `git
+show COMMIT:assets/adapters/NAME` finds it), not by a name that would now point at itself.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 from skipdecode.adapters import adapters_dir
@@ -27,6 +30,7 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
     """Copy each (run, name) into the adapters folder; returns the served folders."""
     folder = folder or adapters_dir()
     names = {Path(run).resolve(): name for run, name in pairs}
+    replaced = {name: f"{name}@{_head()}" for _, name in pairs if (folder / name).exists()}
     served = []
     for run, name in pairs:
         dest = folder / name
@@ -39,11 +43,17 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)
             if ancestor:
-                meta["config"][key] = names.get(Path(ancestor).resolve(), ancestor)
+                meta["config"][key] = names.get(Path(ancestor).resolve(), replaced.get(ancestor, ancestor))
         (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
         finish_adapter(dest)
         served.append(dest)
     return served
+
+
+def _head() -> str:
+    """The commit that serves what is in the adapters folder now."""
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else "git-unknown"
 
 
 def main() -> None:

@@ -43,3 +43,19 @@ def test_served_runs_name_their_ancestors_by_served_name(tmp_path):
 
 def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and bool((a == b).all())
+
+
+def test_a_run_that_replaces_its_own_start_names_it_by_commit(tmp_path):
+    runs, served = tmp_path / "runs", tmp_path / "adapters"
+    shutil.copytree(adapters.find_adapter("e2e-5x").path, served / "e2e-5x")
+    shutil.copytree(adapters.find_adapter("e2e-5x").path, runs / "more")
+    record = runs / "more" / "skipdecode.json"
+    meta = json.loads(record.read_text())
+    meta["config"].update(init="e2e-5x", teacher="e2e-1x")
+    record.write_text(json.dumps(meta))
+    script = _script()
+    script.serve([(runs / "more", "e2e-5x")], served)
+    config = adapters.read_adapter(served / "e2e-5x").config
+    assert config["init"] == f"e2e-5x@{script._head()}" != "e2e-5x@git-unknown"
+    assert config["teacher"] == "e2e-1x"  # not replaced in this call: its name stays
+    assert f"Started from the adapter `e2e-5x@{script._head()}`" in (served / "e2e-5x" / "README.md").read_text()
