@@ -1,6 +1,6 @@
 """Score an E2E eval's saved outputs again with today's `score()`, without decoding anything.
 
-    python scripts/rescore_e2e.py assets/results/e2e [--split test] [--made-up-names]
+    python scripts/rescore_e2e.py assets/results/e2e [--split test] [--made-up-names [words]]
 
 Reads <prefix>-outputs.jsonl (what `skipdecode eval` wrote: the MR and each row's output) and rewrites
 the text-metric columns of <prefix>.csv and .json (BLEU, the challenge's uncased BLEU `bleu_e2e`,
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from skipdecode.data import NAME_STYLES
 from skipdecode.evaluate import load_items, score, write_frame
 
 
@@ -41,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", type=Path, help="the eval's results prefix, e.g. assets/results/e2e")
     parser.add_argument("--split", choices=("test", "dev", "validation"), default="test")
-    parser.add_argument("--made-up-names", action="store_true")
+    parser.add_argument("--made-up-names", nargs="?", const="syllables", default=False, choices=NAME_STYLES)
     args = parser.parse_args()
     frame = rescore(args.prefix, args.split, args.made_up_names)
     print(frame[["row", "adapter", "bleu", "bleu_e2e", "ser"]].to_string(index=False))

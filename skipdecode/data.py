@@ -124,16 +124,42 @@ SYLLABLES = ("ar", "bel", "cor", "dan", "el", "fen", "gar", "hal", "is", "jor", 
 NAMED_SLOTS = ("name", "near")
 
 
-def made_up_name(rng: random.Random) -> str:
-    """A name no E2E MR has, in the shapes real ones take: 'Zanbel', 'The Corfen', 'Orlan Tamis'."""
+# Names as people type them: English words put together ("Blue Heron", "The Brass Anchor", "Oak and Ivy").
+# Training renames only with the syllables above, so these score copying a kind of name no run drew.
+ADJECTIVES = ("Blue", "Brass", "Copper", "Silver", "Crooked", "Little", "Red", "Velvet", "Quiet", "Hidden",
+              "Salty", "Painted", "Wild", "Rusty", "Lucky", "Sleepy", "Amber", "Iron", "Hollow", "Merry")
+NOUNS = ("Heron", "Anchor", "Oak", "Ivy", "Kettle", "Lantern", "Fox", "Willow", "Harbour", "Sparrow", "Thistle",
+         "Acorn", "Badger", "Compass", "Juniper", "Meadow", "Otter", "Pebble", "Saffron", "Walnut", "Bramble",
+         "Clover", "Falcon", "Hazel", "Maple", "Nutmeg", "Orchard", "Quill", "Raven", "Wren")
+NAME_STYLES = ("syllables", "words")
+
+
+def made_up_name(rng: random.Random, style: str = "syllables") -> str:
+    """A name no E2E MR has. syllables, the shapes real ones take: 'Zanbel', 'The Corfen', 'Orlan Tamis';
+    words: 'Blue Heron', 'The Brass Anchor', 'Oak and Ivy', 'The Lantern'."""
+    if style == "words":
+        form = rng.randrange(4)
+        if form == 2:
+            first, second = rng.sample(NOUNS, 2)
+            return f"{first} and {second}"
+        noun = rng.choice(NOUNS)
+        return f"{rng.choice(ADJECTIVES)} {noun}" if form == 0 else \
+            f"The {rng.choice(ADJECTIVES)} {noun}" if form == 1 else f"The {noun}"
     word = lambda: "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()  # noqa: E731
     form = rng.randrange(3)
     return word() if form == 0 else f"The {word()}" if form == 1 else f"{word()} {word()}"
 
 
-def made_up_names(mr: str, rng: random.Random) -> dict[str, str]:
-    """A made-up replacement for the MR's name and landmark: {old value: new value}."""
-    return {value: made_up_name(rng) for key, value in parse_mr(mr).items() if key in NAMED_SLOTS and value}
+def made_up_names(mr: str, rng: random.Random, style: str = "syllables") -> dict[str, str]:
+    """A made-up replacement for the MR's name and landmark, never the same two: {old value: new value}."""
+    out = {}
+    for key, value in parse_mr(mr).items():
+        if key in NAMED_SLOTS and value:
+            new = made_up_name(rng, style)
+            while style == "words" and new in out.values():  # a short list: "near[X]" about X itself reads wrong
+                new = made_up_name(rng, style)
+            out[value] = new
+    return out
 
 
 def substitute(text: str, names: dict[str, str]) -> str:
@@ -142,13 +168,13 @@ def substitute(text: str, names: dict[str, str]) -> str:
     return text
 
 
-def renamed_items(items: list[Item], seed: int = SPLIT_SEED) -> list[Item]:
+def renamed_items(items: list[Item], seed: int = SPLIT_SEED, style: str = "syllables") -> list[Item]:
     """Each MR, all its references alike, about a made-up restaurant near a made-up landmark: scores
     copying a name the model has never seen, as half of the test set's names are to a devset model."""
     rng = random.Random(seed)
     out = []
     for item in items:
-        names = made_up_names(item.mr, rng)
+        names = made_up_names(item.mr, rng, style)
         out.append(Item(substitute(item.mr, names), tuple(substitute(r, names) for r in item.refs)))
     return out
 

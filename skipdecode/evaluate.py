@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .data import SPLIT_SEED, VALIDATION_SHARE, Item, eval_items, parse_mr, renamed_items
+from .data import NAME_STYLES, SPLIT_SEED, VALIDATION_SHARE, Item, eval_items, parse_mr, renamed_items
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"  # what the app and README show
 VALIDATION_DIR = RESULTS_DIR.parent.parent / "docs" / "results"  # validation rounds: the research log's
@@ -195,10 +195,15 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, u
     return rows
 
 
-def load_items(data=None, split: str = "test", made_up_names: bool = False, limit: int | None = None,
+def load_items(data=None, split: str = "test", made_up_names: bool | str = False, limit: int | None = None,
                share: float = VALIDATION_SHARE):
+    """The MRs to score; made_up_names: False, True or "syllables" (the names training draws), or "words"."""
     items = eval_items(data, split, share)
-    return (renamed_items(items) if made_up_names else items)[:limit]
+    return (renamed_items(items, style=name_style(made_up_names)) if made_up_names else items)[:limit]
+
+
+def name_style(made_up_names: bool | str) -> str:
+    return "syllables" if made_up_names is True else made_up_names
 
 
 def check_held_out(plan, split: str, share: float = VALIDATION_SHARE) -> None:
@@ -313,8 +318,10 @@ def register(subparsers) -> None:
     p.add_argument("--validation-share", type=float, default=VALIDATION_SHARE,
                    help="with --split validation: the share of devset MRs held out (every adapter scored, and the "
                         "adapters it was trained from, must have held out at least this share)")
-    p.add_argument("--made-up-names", action="store_true",
-                   help="replace every restaurant name and landmark (outputs and references) with a made-up one")
+    p.add_argument("--made-up-names", nargs="?", const="syllables", default=False, choices=NAME_STYLES,
+                   help="replace every restaurant name and landmark (outputs and references) with a made-up one: "
+                        "syllables (default; the kind training draws, 'The Corfen') or words (as people type "
+                        "them, 'The Brass Anchor', a kind no training run drew)")
     p.add_argument("--prompts", default=None, metavar="FILE|validation",
                    help="score general chat prompts instead of E2E: JSON lines with a prompt field, or plain text "
                         "one a line; 'validation' is the project's held-out slice of ../shared/data/prompts (its "
@@ -349,8 +356,9 @@ def register(subparsers) -> None:
 
 def run_name(split: str = "test", made_up_names: bool = False, limit: int | None = None, data=None,
              beams: int = 1) -> str:
-    """A results prefix's file name: e2e[-validation][-made-up-names][-<data file>][-limitN][-beamsK]."""
-    name = "e2e" + ("" if split == "test" else f"-{split}") + ("-made-up-names" if made_up_names else "")
+    """A results prefix's file name: e2e[-validation][-made-up-names|-word-names][-<data file>][-limitN][-beamsK]."""
+    renamed = {"syllables": "-made-up-names", "words": "-word-names"}.get(name_style(made_up_names), "")
+    name = "e2e" + ("" if split == "test" else f"-{split}") + (renamed if made_up_names else "")
     name += "" if data is None else f"-{Path(data).stem}"
     return name + ("" if limit is None else f"-limit{limit}") + ("" if beams == 1 else f"-beams{beams}")
 

@@ -68,6 +68,27 @@ def test_made_up_names_replace_name_and_landmark_everywhere():
     assert len({new.slots["name"] for new in renamed_items([EAGLE] * 20)}) > 10  # many names, not one
 
 
+def test_word_names_are_names_as_people_type_them_and_no_training_run_draws():
+    near = Item("name[The Mill], food[Thai], near[Café Rouge]",
+                ("The Mill serves Thai near Café Rouge.", "Near Café Rouge, The Mill is Thai."))
+    items = [EAGLE, near] * 40
+    assert renamed_items(items) == renamed_items(items, style="syllables")  # the default kind is unchanged
+    words = renamed_items(items, seed=3, style="words")
+    assert words == renamed_items(items, seed=3, style="words")
+    vocabulary = set(data.ADJECTIVES) | set(data.NOUNS) | {"The", "and"}
+    for old, new in zip(items, words):
+        for key in ("name", "near"):
+            if key in old.slots:
+                assert set(new.slots[key].split()) <= vocabulary and len(new.slots[key].split()) >= 2
+                assert all(new.slots[key] in r and old.slots[key] not in r for r in new.refs)
+        if "near" in new.slots:
+            assert new.slots["near"] != new.slots["name"]
+    names = [i.slots["name"] for i in words]
+    assert any(" and " in n for n in names) and any(n.startswith("The ") for n in names)
+    trained = {w for p, _ in pairs(items, renamed=1.0) for w in p.split()}  # what --renamed shows a run
+    assert not trained & set(data.NOUNS)
+
+
 def test_training_pairs_rename_the_share_asked_for():
     items = [EAGLE, MILL] * 50
     plain = pairs(items)
@@ -308,6 +329,8 @@ def test_only_the_projects_own_full_runs_write_to_assets_results():
     assert default_prefix("validation", validation_share=0.2) is None  # other MRs than e2e-validation's
     assert default_prefix(beams=4) == RESULTS_DIR / "e2e-beams4"  # a beam-search table beside the greedy one
     assert default_prefix("dev", made_up_names=True, beams=4) == VALIDATION_DIR / "e2e-dev-made-up-names-beams4"
+    assert default_prefix("dev", made_up_names="syllables") == VALIDATION_DIR / "e2e-dev-made-up-names"
+    assert default_prefix("dev", made_up_names="words") == VALIDATION_DIR / "e2e-dev-word-names"
 
 
 def _eval_args(*argv):
@@ -443,3 +466,14 @@ def test_rescore_adds_the_new_metrics_and_keeps_what_decoding_measured(tmp_path)
     assert frame.loc[0, "bleu_e2e"] == pytest.approx(expected["bleu_e2e"], abs=1e-3)
     assert frame.loc[0, "bleu"] == pytest.approx(expected["bleu"], abs=1e-3) and frame.loc[0, "ms_per_token"] == 3.5
     assert json.loads((tmp_path / "e2e.json").read_text())[0]["bleu_e2e"] == frame.loc[0, "bleu_e2e"]
+
+
+def test_eval_parses_the_kind_of_made_up_names():
+    from skipdecode.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["eval"]).made_up_names is False
+    assert parse(["eval", "--made-up-names"]).made_up_names == "syllables"
+    assert parse(["eval", "--made-up-names", "words"]).made_up_names == "words"
+    with pytest.raises(SystemExit):
+        parse(["eval", "--made-up-names", "emoji"])
