@@ -131,20 +131,28 @@ ADJECTIVES = ("Blue", "Brass", "Copper", "Silver", "Crooked", "Little", "Red", "
 NOUNS = ("Heron", "Anchor", "Oak", "Ivy", "Kettle", "Lantern", "Fox", "Willow", "Harbour", "Sparrow", "Thistle",
          "Acorn", "Badger", "Compass", "Juniper", "Meadow", "Otter", "Pebble", "Saffron", "Walnut", "Bramble",
          "Clover", "Falcon", "Hazel", "Maple", "Nutmeg", "Orchard", "Quill", "Raven", "Wren")
-NAME_STYLES = ("syllables", "words")
+# Training's word names (`train --renamed-words`): other words, so that eval's "words" stay a kind never drawn.
+TRAIN_ADJECTIVES = ("Black", "White", "Gilded", "Lazy", "Jolly", "Honest", "Tipsy", "Cosy", "Humble", "Bold",
+                    "Scarlet", "Misty", "Sunny", "Frosty", "Twisted", "Gentle", "Proud", "Wandering", "Dancing", "Tin")
+TRAIN_NOUNS = ("Pelican", "Lark", "Thimble", "Barrel", "Candle", "Beacon", "Bell", "Dove", "Elm", "Fern", "Gull",
+               "Hare", "Hawk", "Lemon", "Lily", "Magpie", "Moth", "Nettle", "Owl", "Pear", "Plum", "Poppy", "Robin",
+               "Rook", "Spoon", "Swan", "Thrush", "Tulip", "Wolf", "Ladle")
+WORD_LISTS = {"words": (ADJECTIVES, NOUNS), "train-words": (TRAIN_ADJECTIVES, TRAIN_NOUNS)}
+NAME_STYLES = ("syllables", "words")  # what eval offers
 
 
 def made_up_name(rng: random.Random, style: str = "syllables") -> str:
     """A name no E2E MR has. syllables, the shapes real ones take: 'Zanbel', 'The Corfen', 'Orlan Tamis';
     words: 'Blue Heron', 'The Brass Anchor', 'Oak and Ivy', 'The Lantern'."""
-    if style == "words":
+    if style in WORD_LISTS:
+        adjectives, nouns = WORD_LISTS[style]
         form = rng.randrange(4)
         if form == 2:
-            first, second = rng.sample(NOUNS, 2)
+            first, second = rng.sample(nouns, 2)
             return f"{first} and {second}"
-        noun = rng.choice(NOUNS)
-        return f"{rng.choice(ADJECTIVES)} {noun}" if form == 0 else \
-            f"The {rng.choice(ADJECTIVES)} {noun}" if form == 1 else f"The {noun}"
+        noun = rng.choice(nouns)
+        return f"{rng.choice(adjectives)} {noun}" if form == 0 else \
+            f"The {rng.choice(adjectives)} {noun}" if form == 1 else f"The {noun}"
     word = lambda: "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()  # noqa: E731
     form = rng.randrange(3)
     return word() if form == 0 else f"The {word()}" if form == 1 else f"{word()} {word()}"
@@ -156,7 +164,7 @@ def made_up_names(mr: str, rng: random.Random, style: str = "syllables") -> dict
     for key, value in parse_mr(mr).items():
         if key in NAMED_SLOTS and value:
             new = made_up_name(rng, style)
-            while style == "words" and new in out.values():  # a short list: "near[X]" about X itself reads wrong
+            while style in WORD_LISTS and new in out.values():  # a short list: "near[X]" about X itself reads wrong
                 new = made_up_name(rng, style)
             out[value] = new
     return out
@@ -179,13 +187,18 @@ def renamed_items(items: list[Item], seed: int = SPLIT_SEED, style: str = "sylla
     return out
 
 
-def pairs(items: list[Item], renamed: float = 0.0, seed: int = SPLIT_SEED) -> list[tuple[str, str]]:
+def pairs(items: list[Item], renamed: float = 0.0, seed: int = SPLIT_SEED,
+          words: float = 0.0) -> list[tuple[str, str]]:
     """(prompt, reference) training examples, one per reference; a share `renamed` of them (drawn with
-    `seed`) name a made-up restaurant and landmark instead, so that copying, not recall, is learned."""
+    `seed`) name a made-up restaurant and landmark instead, so that copying, not recall, is learned; a share
+    `words` of those, names made of training's words ("The Tipsy Pelican", "Plum and Rook")."""
     rng = random.Random(seed)
     out = []
     for item in items:
         for ref in item.refs:
-            names = made_up_names(item.mr, rng) if rng.random() < renamed else {}
+            names = {}
+            if rng.random() < renamed:
+                style = "train-words" if words and rng.random() < words else "syllables"
+                names = made_up_names(item.mr, rng, style)
             out.append((e2e_prompt(substitute(item.mr, names)), substitute(ref, names)))
     return out

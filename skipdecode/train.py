@@ -80,6 +80,7 @@ class TrainConfig:
     teacher: str | None = None  # adapter of the full-depth teacher ("none": the base model)
     distill: float = 0.0  # weight of the KL to the teacher; 1 - distill stays on the reference
     renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
+    renamed_words: float = 0.0  # share of those names made of words ("Plum and Rook"), not syllables
     sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
     on_policy: float = 0.0  # share of batches decoded by the student itself and scored by KL to the teacher
     on_policy_temperature: float = 1.0  # how the student draws those batches (0: greedy)
@@ -332,7 +333,7 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
         engine = Engine(teacher.model, tokenizer)
         items = teacher_items(engine, items, config.sequence_kd, config.seed,
                               cache=teacher_cache(config.checkpoint_dir, config.teacher))
-    examples = tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed))
+    examples = tokenize_pairs(tokenizer, pairs(items, config.renamed, config.seed, config.renamed_words))
     if config.split == "dev":
         groups = [[e] for e in examples[: config.limit]]
     else:  # validation: one reference per MR, spread over the devset's MRs
@@ -341,7 +342,7 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
         every = max(1, len(val_items) // config.validation_examples)
         val_items = [Item(item.mr, item.refs[:1]) for item in val_items[::every]]
     # With renaming on, validation names only made-up restaurants: it measures copying a name never seen.
-    val_pairs = pairs(val_items, 1.0 if config.renamed else 0.0, config.seed + 1)
+    val_pairs = pairs(val_items, 1.0 if config.renamed else 0.0, config.seed + 1, config.renamed_words)
     return groups, tokenize_pairs(tokenizer, val_pairs)[: config.validation_examples]
 
 
@@ -425,6 +426,9 @@ def train(config: TrainConfig) -> dict:
                          "choose one")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
+    if not 0 <= config.renamed_words <= 1 or (config.renamed_words and not config.renamed):
+        raise ValueError(f"--renamed-words is a share of the --renamed examples, in [0, 1], with --renamed; got "
+                         f"{config.renamed_words}")
     if config.task == "general" and (config.sequence_kd or config.renamed or config.complete_refs):
         raise ValueError("--sequence-kd, --renamed and --complete-refs are E2E options: general prompts are trained "
                          "on the full-depth base model's answers already")
@@ -620,6 +624,10 @@ def article(name: str) -> str:
     return "an" if vowel else "a"
 
 
+def _word_names(share: float) -> str:
+    return f" ({share:.0%} of those names English words, as in 'Plum and Rook')" if share else ""
+
+
 def finish_adapter(folder: Path) -> None:
     """Make a saved adapter fit to ship: LoRA weights in float16 (half the size, under the 10 MB a Hugging
     Face Space takes without LFS, loaded back into float32 on merge; on e2e-all, greedy outputs of 16 test
@@ -655,7 +663,8 @@ def finish_adapter(folder: Path) -> None:
                     f" speedup, whose repeated 4-grams are made less likely (sequence-level unlikelihood)."
                     if c.get("sequence_unlikelihood") else "",
                     f" {c['renamed']:.0%} of the training examples name a made-up restaurant and landmark, so that"
-                    f" names are copied rather than recalled." if c.get("renamed") else "",
+                    f" names are copied rather than recalled{_word_names(c.get('renamed_words', 0))}."
+                    if c.get("renamed") else "",
                     " Targets: the teacher's greedy outputs, not the references (sequence-level"
                     " distillation)." if c.get("sequence_kd") == 1 else
                     f" Targets: {c['sequence_kd']:.0%} of the references replaced by the teacher's greedy"
@@ -750,7 +759,7 @@ def register(subparsers) -> None:
                  "validation_examples", "eval_every", "checkpoint_every", "snapshot_every", "seed", "limit",
                  "max_answer_tokens", "max_prompt_tokens"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread", "renamed"):
+    for name in ("dropout", "lr", "warmup_ratio", "validation_share", "spread", "renamed", "renamed_words"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
     p.set_defaults(horizon=None, spread=None)  # by task: see TrainConfig.__post_init__
     p.add_argument("--decay", default=defaults.decay)

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -85,8 +86,9 @@ def test_word_names_are_names_as_people_type_them_and_no_training_run_draws():
             assert new.slots["near"] != new.slots["name"]
     names = [i.slots["name"] for i in words]
     assert any(" and " in n for n in names) and any(n.startswith("The ") for n in names)
-    trained = {w for p, _ in pairs(items, renamed=1.0) for w in p.split()}  # what --renamed shows a run
-    assert not trained & set(data.NOUNS)
+    trained = {w for p, _ in pairs(items, renamed=1.0, words=1.0) for w in re.findall(r"\w+", p)}
+    assert trained & set(data.TRAIN_NOUNS) and not trained & (set(data.NOUNS) | set(data.ADJECTIVES))
+    assert not (set(data.TRAIN_NOUNS) | set(data.TRAIN_ADJECTIVES)) & (set(data.NOUNS) | set(data.ADJECTIVES))
 
 
 def test_training_pairs_rename_the_share_asked_for():
@@ -94,6 +96,9 @@ def test_training_pairs_rename_the_share_asked_for():
     plain = pairs(items)
     assert plain == pairs(items, renamed=0.0) and plain[0] == (EAGLE.prompt, EAGLE.refs[0])
     assert all("The Eagle" not in p and "The Mill" not in p for p, _ in pairs(items, renamed=1.0))
+    assert pairs(items, renamed=0.5, seed=2) == pairs(items, renamed=0.5, seed=2, words=0.0)
+    mixed = [re.findall(r"\w+", p) for p, _ in pairs(items, renamed=1.0, words=0.5)]
+    assert 0.3 < sum(bool(set(p) & set(data.TRAIN_NOUNS)) for p in mixed) / len(mixed) < 0.7
     half = pairs(items, renamed=0.5, seed=1)
     assert half == pairs(items, renamed=0.5, seed=1)
     changed = sum(a != b for a, b in zip(plain, half)) / len(plain)

@@ -200,8 +200,11 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), sequence_kd=True, **base))
     with pytest.raises(ValueError, match="--renamed is a share"):
         training.train(training.TrainConfig(out=str(tmp_path / "bad"), renamed=1.5, **base))
+    with pytest.raises(ValueError, match="--renamed-words is a share of the --renamed examples"):
+        training.train(training.TrainConfig(out=str(tmp_path / "bad"), renamed_words=0.5, **base))
     summary = training.train(training.TrainConfig(out=str(tmp_path / "kd"), init="e2e-1x", teacher="e2e-1x",
-                                                  distill=0.5, renamed=0.5, steps=1, lr=1e-9, **base))
+                                                  distill=0.5, renamed=0.5, renamed_words=0.5, steps=1, lr=1e-9,
+                                                  **base))
     assert summary["config"]["init"] == "e2e-1x" and summary["config"]["teacher"] == "e2e-1x"
     assert summary["config"]["renamed"] == 0.5
     assert summary["config"]["rank"] == find_adapter("e2e-1x").meta["config"]["rank"]
@@ -211,6 +214,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     assert all(torch.allclose(start[k].float(), after[k].float(), atol=1e-3) for k in start)
     card = (tmp_path / "kd" / "README.md").read_text()
     assert "e2e-1x" in card and "50% of the training examples name a made-up restaurant" in card
+    assert "(50% of those names English words" in card
     # the card says where the minutes were spent: this machine's CPU here, a GPU's name on a GPU
     assert summary["device"] == training.where_trained("cpu") and f"minutes on {summary['device']};" in card
     assert summary["device"].startswith(f"a {os.cpu_count()}-core ")
