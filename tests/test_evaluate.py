@@ -482,3 +482,18 @@ def test_eval_parses_the_kind_of_made_up_names():
     assert parse(["eval", "--made-up-names", "words"]).made_up_names == "words"
     with pytest.raises(SystemExit):
         parse(["eval", "--made-up-names", "emoji"])
+
+
+def test_name_shapes_split_names_copied_by_the_shape_of_the_name():
+    """scripts/name_shapes.py: the share of names copied, per row and per shape of name."""
+    spec = importlib.util.spec_from_file_location("name_shapes", ROOT / "scripts" / "name_shapes.py")
+    name_shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(name_shapes)
+    assert [name_shapes.shape(n) for n in ("The Pebble", "Sleepy Walnut", "The Crooked Willow",
+                                           "Walnut and Bramble", "Zanbel")] == ["The N", "A N", "The A N",
+                                                                                "N and N", "other"]
+    lines = [{"mr": "name[Walnut and Bramble], food[Thai]", "3x": "Walnut is Thai.", "1x": "Walnut and Bramble."},
+             {"mr": "name[Oak and Ivy], food[Thai]", "3x": "Oak and Ivy is Thai.", "1x": "Oak and Ivy."},
+             {"mr": "name[The Pebble], food[Thai]", "3x": "The Pebble is Thai.", "1x": "the pebble."}]
+    assert name_shapes.by_shape(lines) == {"3x": {"The N": (1, 100.0), "N and N": (2, 50.0)},
+                                           "1x": {"The N": (1, 100.0), "N and N": (2, 100.0)}}
