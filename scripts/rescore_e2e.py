@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from skipdecode.data import NAME_STYLES
-from skipdecode.evaluate import load_items, score, write_frame
+from skipdecode.evaluate import add_made_up_names, load_items, score, write_frame
 
 
 def rescore(prefix: Path, split: str = "test", made_up_names: bool = False) -> pd.DataFrame:
@@ -42,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", type=Path, help="the eval's results prefix, e.g. assets/results/e2e")
     parser.add_argument("--split", choices=("test", "dev", "validation"), default="test")
-    parser.add_argument("--made-up-names", nargs="?", const="syllables", default=False, choices=NAME_STYLES)
+    add_made_up_names(parser)
     args = parser.parse_args()
     frame = rescore(args.prefix, args.split, args.made_up_names)
     print(frame[["row", "adapter", "bleu", "bleu_e2e", "ser"]].to_string(index=False))

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sacrebleu.metrics import BLEU  # noqa: E402
 from sacrebleu.significance import PairedTest  # noqa: E402
 
-from skipdecode.data import NAME_STYLES, VALIDATION_SHARE  # noqa: E402
-from skipdecode.evaluate import load_items, reference_streams  # noqa: E402
+from skipdecode.data import VALIDATION_SHARE  # noqa: E402
+from skipdecode.evaluate import add_made_up_names, load_items, reference_streams  # noqa: E402
 
 
 def paired_bootstrap(outputs: Path, base: str, other: str, split: str = "test", share: float = VALIDATION_SHARE,
@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     p.add_argument("other", help="the row to test")
     p.add_argument("--split", choices=("test", "validation"), default="test")
     p.add_argument("--validation-share", type=float, default=VALIDATION_SHARE)
-    p.add_argument("--made-up-names", nargs="?", const="syllables", default=False, choices=NAME_STYLES)
+    add_made_up_names(p)
     p.add_argument("--data", help="the CSV the eval read (default: the E2E file of the split)")
     args = p.parse_args(argv)
     n, results = paired_bootstrap(args.outputs, args.base, args.other, args.split, args.validation_share,

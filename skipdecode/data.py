@@ -125,7 +125,7 @@ NAMED_SLOTS = ("name", "near")
 
 
 # Names as people type them: English words put together ("Blue Heron", "The Brass Anchor", "Oak and Ivy").
-# Training renames only with the syllables above, so these score copying a kind of name no run drew.
+# Eval's (`--made-up-names words`); training draws its word names from other words (below).
 ADJECTIVES = ("Blue", "Brass", "Copper", "Silver", "Crooked", "Little", "Red", "Velvet", "Quiet", "Hidden",
               "Salty", "Painted", "Wild", "Rusty", "Lucky", "Sleepy", "Amber", "Iron", "Hollow", "Merry")
 NOUNS = ("Heron", "Anchor", "Oak", "Ivy", "Kettle", "Lantern", "Fox", "Willow", "Harbour", "Sparrow", "Thistle",
@@ -159,7 +159,8 @@ def made_up_name(rng: random.Random, style: str = "syllables") -> str:
 
 
 def made_up_names(mr: str, rng: random.Random, style: str = "syllables") -> dict[str, str]:
-    """A made-up replacement for the MR's name and landmark, never the same two: {old value: new value}."""
+    """A made-up replacement for the MR's name and landmark: {old value: new value}. Word names are drawn
+    again until the two differ (a short list); syllable names keep their draws as they were."""
     out = {}
     for key, value in parse_mr(mr).items():
         if key in NAMED_SLOTS and value:

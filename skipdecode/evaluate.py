@@ -206,6 +206,14 @@ def name_style(made_up_names: bool | str) -> str:
     return "syllables" if made_up_names is True else made_up_names
 
 
+def add_made_up_names(parser) -> None:
+    """`--made-up-names [syllables|words]`, for eval and the scripts that rescore its outputs."""
+    parser.add_argument("--made-up-names", nargs="?", const="syllables", default=False, choices=NAME_STYLES,
+                        help="replace every restaurant name and landmark (outputs and references) with a made-up "
+                             "one: syllables (default; the kind `train --renamed` draws, 'The Corfen') or words "
+                             "(as people type them, 'The Brass Anchor', from words no training run draws)")
+
+
 def check_held_out(plan, split: str, share: float = VALIDATION_SHARE) -> None:
     """Devset scores mean something only on MRs an adapter never trained on, nor the adapters it started
     from (--init) or learned from (--teacher). Adapters trained on the training split (or on chat prompts)
@@ -318,10 +326,7 @@ def register(subparsers) -> None:
     p.add_argument("--validation-share", type=float, default=VALIDATION_SHARE,
                    help="with --split validation: the share of devset MRs held out (every adapter scored, and the "
                         "adapters it was trained from, must have held out at least this share)")
-    p.add_argument("--made-up-names", nargs="?", const="syllables", default=False, choices=NAME_STYLES,
-                   help="replace every restaurant name and landmark (outputs and references) with a made-up one: "
-                        "syllables (default; the kind training draws, 'The Corfen') or words (as people type "
-                        "them, 'The Brass Anchor', a kind no training run drew)")
+    add_made_up_names(p)
     p.add_argument("--prompts", default=None, metavar="FILE|validation",
                    help="score general chat prompts instead of E2E: JSON lines with a prompt field, or plain text "
                         "one a line; 'validation' is the project's held-out slice of ../shared/data/prompts (its "
