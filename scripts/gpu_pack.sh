@@ -18,7 +18,7 @@ $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
 ls .gpu/whl/rouge_score-*.whl >/dev/null 2>&1 || $py -m pip wheel -q --no-deps -w .gpu/whl rouge-score==0.1.2
 model=$($py -c "import skipdecode.models as m; print(m.cached_default())")
 cp "$model"/{chat_template.jinja,config.json,generation_config.json,tokenizer.json,tokenizer_config.json} .gpu/model/
-cp ../shared/data/e2e/{testset_w_refs.csv,devset.csv} .gpu/e2e/
+cp ../shared/data/e2e/{testset_w_refs.csv,devset.csv,trainset.csv} .gpu/e2e/
 cp ../shared/data/prompts/permissive_chat_prompts.jsonl .gpu/prompts/
 gguf=$($py -c "import skipdecode.models as m; print(m.bundled_gguf())")
 sha256sum "$gguf" | cut -c1-64 > .gpu/gguf.sha256

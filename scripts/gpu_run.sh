@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
-#   bash scripts/gpu_run.sh [quick|tests|bench|capture|real|general [RUNS]|all]
+#   bash scripts/gpu_run.sh [wheels|quick|tests|bench|capture|real|general [RUNS]|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
 #   costs, graphs captured, against the next ones; real: the bench on the real weights, see below;
 #   general [RUNS]: issue 21's candidates on the real weights, RUNS their list, docs/general-adapters.md)
@@ -10,7 +10,7 @@
 #           (transformers, tokenizers, huggingface_hub and its httpx2, httpcore2, truststore, peft, nltk,
 #           rouge-score), fetched with `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`
 #   model/  SmolLM2-135M-Instruct's config, generation config and tokenizer files, without weights
-#   e2e/    the E2E test and dev CSVs (the bench's prompts; the tests' data; the 9 MB train split stays behind)
+#   e2e/    the E2E CSVs (the bench's prompts; the tests' data; the train split for `--task e2e` runs)
 # The default model's weights (a 98 MB GGUF) cannot travel (the working tree is limited to 64 MiB), so the
 # model here is SmolLM2-135M-Instruct's architecture with random weights: every speed figure holds (the
 # same shapes, the same kernels; EOS never stops a bench run), quality figures do not, and tests that need
@@ -18,8 +18,13 @@
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
-  || exit 1
+# The wheels: carried in .gpu/whl, or, where the tree leaves no room beside them, installed by an earlier call
+# on the same warm machine (`bash scripts/gpu_run.sh wheels`, carrying .gpu/whl alone).
+if [[ -d .gpu/whl ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+    || exit 1
+else [[ -d /tmp/site/transformers ]] || { echo "no wheels: carry .gpu/whl (or run 'wheels' first)"; exit 1; }; fi
+[[ $what == wheels ]] && exit 0
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=/tmp/skipdecode-cache SKIPDECODE_E2E_DIR=$PWD/.gpu/e2e \
   SKIPDECODE_PROMPTS_DIR=$PWD/.gpu/prompts
 if [[ $what == real || $what == general ]]; then
@@ -97,40 +102,63 @@ if [[ $what == general ]]; then
   # Issue 21's candidates (docs/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
   # GPU's "auto"): one run a line of the file $2 (default scripts/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
   # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/, or come from an
-  # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the runs started above it. The targets come
-  # cached from the CPU (.gpu/targets-*.jsonl, float32); any not made yet (the most --limit of the file) are
-  # made here first, in float32 too, by one process. Every run stops by the deadline (BUDGET seconds from
-  # here, targets included, default 480); snapshots every 50 steps stand in for one that does not finish.
-  # Each adapter comes back as one tar (the final one, else the latest snapshot), with the targets.
+  # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the general runs started above it. A line with
+  # `--task e2e` (issue 24: the E2E split in .gpu/e2e) needs no targets: it starts at once, beside them. The
+  # targets come cached from the CPU (.gpu/targets-*.jsonl, float32); any not made yet (the most --limit of
+  # the file) are made here first, in float32 too, by one process. Every run stops by the deadline (BUDGET
+  # seconds from here, targets included, default 480); snapshots every 50 steps stand in for one that does
+  # not finish. What comes back fits the device's 8 files: logs.tgz (the logs, the targets) and at most 6
+  # adapters, one tar each (the final one, else the latest snapshot): E2E and second stages first.
   deadline=$((SECONDS + ${BUDGET:-480}))
   runs=${2:-scripts/gpu_general_runs.txt}
   export SKIPDECODE_DTYPE=float32  # "auto" names the targets' cache file: the CPU's float32 one, not bfloat16
-  mkdir -p /tmp/ck && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
-  limit=$(grep -v "^#" "$runs" | grep -o -- "--limit [0-9]*" | cut -d' ' -f2 | sort -n | tail -1)
-  python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/targets.txt"
-import sys
-from skipdecode.general import training_examples, MAX_PROMPT_TOKENS
-from skipdecode.models import load_model
-train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None,
-                               int(sys.argv[1]), 64, MAX_PROMPT_TOKENS, 160, "/tmp/ck", batch_size=64)
-print("targets:", len(train), "training prompts,", len(val), "validation prompts")
-PY
-  cp /tmp/ck/targets-*.jsonl "$out/"  # back to the CPU, where the candidates are scored and trained on
-  while read -r name args; do
-    [[ -z $name || $name == \#* ]] && continue
-    [[ $name == wait ]] && { wait; continue; }  # a stage ends: the next lines may start from its adapters
+  mkdir -p /tmp/ck "$out/logs" && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
+  train() {  # NAME ARGS...: one run in the background, stopped by the deadline
+    local name=$1; shift
     # the student's own answers (--on-policy, --sequence-unlikelihood) come from an engine rebuilt at every
     # draw: eager there, since CUDA graphs would be captured again each time
     SKIPDECODE_CUDA_GRAPHS=off timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) \
-      python3 -m skipdecode train --task general \
-      --checkpoint-dir /tmp/ck $args --out /tmp/ck/runs/$name 2>&1 | tr '\r' '\n' \
-      | grep -v "Removed shared tensor" > "$out/train-$name.log" &
-  done < "$runs"
+      python3 -m skipdecode train --task general --checkpoint-dir /tmp/ck "$@" --out /tmp/ck/runs/$name 2>&1 \
+      | tr '\r' '\n' | grep -v "Removed shared tensor\|it/s\]$\|s/it\]$" > "$out/logs/train-$name.log" &
+    started=$!
+  }
+  lines=$(grep -v "^#" "$runs" | grep -v "^ *$")
+  # the weights dequantized into the cache once, before any run reads them (two at once race on the folder)
+  python3 -c "from skipdecode.models import load_model; load_model(None, device='cpu', dtype='float32')" 2>&1 \
+    | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -2
+  while read -r name args; do train $name $args; done < <(grep -- "--task e2e" <<< "$lines")
+  limit=$(grep -v -- "--task e2e" <<< "$lines" | grep -o -- "--limit [0-9]*" | cut -d' ' -f2 | sort -n | tail -1)
+  if [[ -n $limit ]]; then
+    python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/logs/targets.txt"
+import sys, time
+from skipdecode.general import training_examples, MAX_PROMPT_TOKENS
+from skipdecode.models import load_model
+started = time.perf_counter()
+train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None,
+                               int(sys.argv[1]), 64, MAX_PROMPT_TOKENS, 160, "/tmp/ck", batch_size=128)
+print("targets:", len(train), "training prompts,", len(val), "validation prompts,",
+      round(time.perf_counter() - started), "s")
+PY
+    cp /tmp/ck/targets-*.jsonl "$out/logs/"  # back to the CPU, where the candidates are scored and trained on
+  fi
+  general=$(grep -v -- "--task e2e" <<< "$lines")
+  stage=()
+  while read -r name args; do
+    [[ $name == wait ]] && { wait "${stage[@]}"; stage=(); continue; }
+    train $name $args; stage+=($started)
+  done <<< "$general"
   wait
-  for name in $(grep -v "^#\|^wait" "$runs" | cut -d' ' -f1); do
-    if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then tar -C /tmp/ck/runs -cf "$out/$name.tar" $name
-    else last=$(ls -d /tmp/ck/$name-snapshots/step-* 2>/dev/null | sort -V | tail -1)
-      [[ -n $last ]] && tar -C "$(dirname "$last")" -cf "$out/$name-$(basename "$last").tar" "$(basename "$last")"; fi
-    grep -o "val_loss=[0-9.]*" "$out/train-$name.log" | uniq | tr '\n' ' '; echo " <- $name"
+  second=$(sed -n '/^wait/,$p' <<< "$general" | grep -v "^wait" | cut -d' ' -f1)
+  first=$(sed '/^wait/,$d' <<< "$general" | cut -d' ' -f1)
+  e2e=$(grep -- "--task e2e" <<< "$lines" | cut -d' ' -f1)
+  kept=0
+  for name in $e2e $second $first; do
+    if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then src=/tmp/ck/runs/$name
+    else src=$(ls -d /tmp/ck/$name-snapshots/step-* 2>/dev/null | sort -V | tail -1); fi
+    if [[ -n $src && $kept -lt 6 ]]; then
+      tar -C "$(dirname "$src")" -cf "$out/$name-$(basename "$src").tar" "$(basename "$src")"; kept=$((kept + 1))
+    fi
+    grep -o "val_loss=[0-9.]*" "$out/logs/train-$name.log" | uniq | tr '\n' ' '; echo " <- $name ${src:-nothing}"
   done
+  tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 fi

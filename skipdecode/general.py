@@ -211,7 +211,7 @@ def training_examples(tokenizer, model=None, data=None, limit: int | None = None
     if not train:
         raise ValueError(f"no training prompts in {data or pool_file()} (held out, or over {max_prompt_tokens} tokens)")
     engine = Engine.load(model)
-    targets = reference_answers(engine, train + val, max_answer_tokens,
+    targets = reference_answers(engine, train + val, max_answer_tokens, batch_size,
                                 cache=targets_file(cache_folder, engine, max_answer_tokens))
     del engine
 
