@@ -104,15 +104,16 @@ if [[ $what == general ]]; then
   # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/, or come from an
   # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the general runs started above it. A line with
   # `--task e2e` (issue 24: the E2E split in .gpu/e2e) needs no targets: it starts at once, beside them. The
-  # targets come cached from the CPU (.gpu/targets-*.jsonl, float32); any not made yet (the most --limit of
+  # targets come cached from the CPU (.gpu/targets-*.jsonl, float32; E2E's teacher outputs in
+  # .gpu/teacher-outputs-*.jsonl); any not made yet (the most --limit of
   # the file) are made here first, in float32 too, by one process. Every run stops by the deadline (BUDGET
   # seconds from here, targets included, default 480); snapshots every 50 steps stand in for one that does
-  # not finish. What comes back fits the device's 8 files: logs.tgz (the logs, the targets) and at most 6
-  # adapters, one tar each (the final one, else the latest snapshot): E2E and second stages first.
+  # not finish. What comes back fits the device's 8 files of 16 MiB: logs.tgz (the logs, the targets) and
+  # adapters as tars in at most 6 files (the final one, else the latest snapshot): E2E and second stages first.
   deadline=$((SECONDS + ${BUDGET:-480}))
   runs=${2:-scripts/gpu_general_runs.txt}
   export SKIPDECODE_DTYPE=float32  # "auto" names the targets' cache file: the CPU's float32 one, not bfloat16
-  mkdir -p /tmp/ck "$out/logs" && cp .gpu/targets-*.jsonl /tmp/ck/ 2>/dev/null
+  mkdir -p /tmp/ck "$out/logs" && cp .gpu/targets-*.jsonl .gpu/teacher-outputs-*.jsonl /tmp/ck/ 2>/dev/null
   train() {  # NAME ARGS...: one run in the background, stopped by the deadline
     local name=$1; shift
     # the student's own answers (--on-policy, --sequence-unlikelihood) come from an engine rebuilt at every
@@ -151,14 +152,19 @@ PY
   second=$(sed -n '/^wait/,$p' <<< "$general" | grep -v "^wait" | cut -d' ' -f1)
   first=$(sed '/^wait/,$d' <<< "$general" | cut -d' ' -f1)
   e2e=$(grep -- "--task e2e" <<< "$lines" | cut -d' ' -f1)
-  kept=0
+  files=0 bytes=0 piece=$((15 * 1048576))  # 6 files of at most 15 MiB, 56 MiB in all, beside gpu.txt and logs.tgz
   for name in $e2e $second $first; do
     if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then src=/tmp/ck/runs/$name
     else src=$(ls -d /tmp/ck/$name-snapshots/step-* 2>/dev/null | sort -V | tail -1); fi
-    if [[ -n $src && $kept -lt 6 ]]; then
-      tar -C "$(dirname "$src")" -cf "$out/$name-$(basename "$src").tar" "$(basename "$src")"; kept=$((kept + 1))
+    size=$(du -sb "${src:-/dev/null}" | cut -f1) parts=$(( (size + piece - 1) / piece ))
+    if [[ -n $src ]] && (( files + parts <= 6 && bytes + size <= 56 * 1048576 )); then
+      tarball="$out/$name-$(basename "$src").tar"  # over 15 MiB (rank 64): in pieces, `cat NAME.tar.part* > NAME.tar`
+      tar -C "$(dirname "$src")" -cf "$tarball" "$(basename "$src")"
+      (( parts > 1 )) && split -b $piece -d -a 1 "$tarball" "$tarball.part" && rm "$tarball"
+      files=$((files + parts)) bytes=$((bytes + size))
     fi
     grep -o "val_loss=[0-9.]*" "$out/logs/train-$name.log" | uniq | tr '\n' ' '; echo " <- $name ${src:-nothing}"
   done
+  cp /tmp/ck/teacher-outputs-*.jsonl "$out/logs/" 2>/dev/null  # E2E sequence-level targets, kept for the next run
   tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 fi
