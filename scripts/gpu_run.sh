@@ -146,6 +146,7 @@ PY
   general=$(grep -v -- "--task e2e" <<< "$lines")
   stage=()
   while read -r name args; do
+    [[ -z $name ]] && continue
     [[ $name == wait ]] && { wait "${stage[@]}"; stage=(); continue; }
     train $name $args; stage+=($started)
   done <<< "$general"
@@ -166,6 +167,6 @@ PY
     fi
     grep -o "val_loss=[0-9.]*" "$out/logs/train-$name.log" | uniq | tr '\n' ' '; echo " <- $name ${src:-nothing}"
   done
-  cp /tmp/ck/teacher-outputs-*.jsonl "$out/logs/" 2>/dev/null  # E2E sequence-level targets, kept for the next run
+  cp /tmp/ck/teacher-outputs-*.jsonl "$out/logs/" 2>/dev/null  # E2E's sequence-level targets, for a CPU run of the recipe
   tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
 fi
