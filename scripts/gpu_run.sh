@@ -124,11 +124,12 @@ if [[ $what == general ]]; then
     started=$!
   }
   lines=$(grep -v "^#" "$runs" | grep -v "^ *$")
+  e2e_lines=$(grep -- "--task e2e" <<< "$lines") general=$(grep -v -- "--task e2e" <<< "$lines")
   # the weights dequantized into the cache once, before any run reads them (two at once race on the folder)
   python3 -c "from skipdecode.models import load_model; load_model(None, device='cpu', dtype='float32')" 2>&1 \
     | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -2
-  while read -r name args; do train $name $args; done < <(grep -- "--task e2e" <<< "$lines")
-  limit=$(grep -v -- "--task e2e" <<< "$lines" | grep -o -- "--limit [0-9]*" | cut -d' ' -f2 | sort -n | tail -1)
+  while read -r name args; do [[ -n $name ]] && train $name $args; done <<< "$e2e_lines"
+  limit=$(grep -o -- "--limit [0-9]*" <<< "$general" | cut -d' ' -f2 | sort -n | tail -1)
   if [[ -n $limit ]]; then
     # batch 64, the answer cache's chunk: 28 prompts a second on an H200 (session 32; 23 at batch 16)
     python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/logs/targets.txt"
@@ -143,7 +144,6 @@ print("targets:", len(train), "training prompts,", len(val), "validation prompts
 PY
     cp /tmp/ck/targets-*.jsonl "$out/logs/"  # back to the CPU, where the candidates are scored and trained on
   fi
-  general=$(grep -v -- "--task e2e" <<< "$lines")
   stage=()
   while read -r name args; do
     [[ -z $name ]] && continue
@@ -153,7 +153,7 @@ PY
   wait
   second=$(sed -n '/^wait/,$p' <<< "$general" | grep -v "^wait" | cut -d' ' -f1)
   first=$(sed '/^wait/,$d' <<< "$general" | cut -d' ' -f1)
-  e2e=$(grep -- "--task e2e" <<< "$lines" | cut -d' ' -f1)
+  e2e=$(cut -d' ' -f1 <<< "$e2e_lines")
   files=0 bytes=0 piece=$((15 * 1048576))  # 6 files of at most 15 MiB, 56 MiB in all, beside gpu.txt and logs.tgz
   for name in $e2e $second $first; do
     if [[ -f /tmp/ck/runs/$name/adapter_model.safetensors ]]; then src=/tmp/ck/runs/$name
