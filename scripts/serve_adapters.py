@@ -9,12 +9,14 @@ that run is served in the same call, and writes the model card again under the n
 records its ancestors by absolute path on the machine that trained it; served, the lineage must read by
 name on any clone (eval's held-out check follows it), and the card must name what the app serves. A run
 trained on from the adapter it replaces records that one as NAME@COMMIT (the commit that served it, so `git
-show COMMIT:assets/adapters/NAME` finds it), not by a name that would now point at itself.
+show COMMIT:assets/adapters/NAME` finds it), not by a name that would now point at itself; so does a run
+trained on from the run folder the replaced adapter was served from (the same weights).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import subprocess
@@ -31,6 +33,7 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
     folder = folder or adapters_dir()
     names = {Path(run).resolve(): name for run, name in pairs}
     replaced = {name: f"{name}@{_head()}" for _, name in pairs if (folder / name).exists()}
+    served_now = {_weights(folder / name): replaced[name] for name in replaced if _weights(folder / name)}
     served = []
     for run, name in pairs:
         dest = folder / name
@@ -42,12 +45,19 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         meta = json.loads((dest / "skipdecode.json").read_text())
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)
-            if ancestor:
-                meta["config"][key] = names.get(Path(ancestor).resolve(), replaced.get(ancestor, ancestor))
+            if ancestor:  # a run being served now, the adapter being replaced (by name or by its run's path)
+                path = Path(ancestor).resolve()
+                meta["config"][key] = names.get(path, replaced.get(ancestor) or served_now.get(_weights(path), ancestor))
         (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
         finish_adapter(dest)
         served.append(dest)
     return served
+
+
+def _weights(folder: Path) -> bytes | None:
+    """The adapter's weights, to know a run folder as the served copy of it."""
+    file = folder / "adapter_model.safetensors"
+    return hashlib.sha256(file.read_bytes()).digest() if file.is_file() else None
 
 
 def _head() -> str:

@@ -59,3 +59,20 @@ def test_a_run_that_replaces_its_own_start_names_it_by_commit(tmp_path):
     assert config["init"] == f"e2e-5x@{script._head()}" != "e2e-5x@git-unknown"
     assert config["teacher"] == "e2e-1x"  # not replaced in this call: its name stays
     assert f"Started from the adapter `e2e-5x@{script._head()}`" in (served / "e2e-5x" / "README.md").read_text()
+
+
+def test_a_run_that_started_from_the_served_adapters_run_folder_names_it_by_commit(tmp_path):
+    """Trained on with `--init checkpoints/runs/X`, X being what is served as the name it replaces."""
+    runs, served = tmp_path / "runs", tmp_path / "adapters"
+    shutil.copytree(adapters.find_adapter("e2e-5x").path, served / "e2e-5x")
+    shutil.copytree(adapters.find_adapter("e2e-5x").path, runs / "first")  # the run e2e-5x was served from
+    shutil.copytree(adapters.find_adapter("e2e-all").path, runs / "more")
+    record = runs / "more" / "skipdecode.json"
+    meta = json.loads(record.read_text())
+    meta["config"].update(init=str(runs / "first"), teacher="e2e-1x")
+    record.write_text(json.dumps(meta))
+    script = _script()
+    script.serve([(runs / "more", "e2e-5x")], served)
+    config = adapters.read_adapter(served / "e2e-5x").config
+    assert config["init"] == f"e2e-5x@{script._head()}"
+    assert config["teacher"] == "e2e-1x"
