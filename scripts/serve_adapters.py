@@ -33,7 +33,7 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
     folder = folder or adapters_dir()
     names = {Path(run).resolve(): name for run, name in pairs}
     replaced = {name: f"{name}@{_head()}" for _, name in pairs if (folder / name).exists()}
-    served_now = {_weights(folder / name): replaced[name] for name in replaced if _weights(folder / name)}
+    served_now = {digest: tag for name, tag in replaced.items() if (digest := _weights(folder / name))}
     served = []
     for run, name in pairs:
         dest = folder / name
@@ -46,12 +46,21 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)
             if ancestor:  # a run being served now, the adapter being replaced (by name or by its run's path)
-                path = Path(ancestor).resolve()
-                meta["config"][key] = names.get(path, replaced.get(ancestor) or served_now.get(_weights(path), ancestor))
+                meta["config"][key] = _served_name(ancestor, names, replaced, served_now)
         (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
         finish_adapter(dest)
         served.append(dest)
     return served
+
+
+def _served_name(ancestor: str, names: dict, replaced: dict, served_now: dict) -> str:
+    """What a card should call its init or teacher once this call has served (only hashes when it must)."""
+    path = Path(ancestor).resolve()
+    if path in names:
+        return names[path]
+    if ancestor in replaced:
+        return replaced[ancestor]
+    return served_now.get(_weights(path), ancestor)
 
 
 def _weights(folder: Path) -> bytes | None:
