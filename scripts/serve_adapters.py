@@ -16,16 +16,15 @@ trained on from the run folder the replaced adapter was served from (the same we
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
-from skipdecode.adapters import adapters_dir
+from skipdecode.adapters import WEIGHTS, adapters_dir, weights_digest
 from skipdecode.train import finish_adapter
 
-FILES = ("adapter_config.json", "adapter_model.safetensors", "skipdecode.json")
+FILES = ("adapter_config.json", WEIGHTS, "skipdecode.json")
 
 
 def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Path]:
@@ -63,10 +62,9 @@ def _served_name(ancestor: str, names: dict, replaced: dict, served_now: dict) -
     return served_now.get(_weights(path), ancestor)
 
 
-def _weights(folder: Path) -> bytes | None:
-    """The adapter's weights, to know a run folder as the served copy of it."""
-    file = folder / "adapter_model.safetensors"
-    return hashlib.sha256(file.read_bytes()).digest() if file.is_file() else None
+def _weights(folder: Path) -> str | None:
+    """The adapter's weights, to know a run folder as the served copy of it (None: not an adapter folder)."""
+    return weights_digest(folder) if (folder / WEIGHTS).is_file() else None
 
 
 def _head() -> str:

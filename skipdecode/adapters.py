@@ -7,6 +7,7 @@ them keeps decoding exactly as fast as with the base model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from .schedule import SPREAD
 
 ADAPTERS_ENV = "SKIPDECODE_ADAPTERS"
 NONE = ("none", "base", "")  # names that mean: no adapter
+WEIGHTS = "adapter_model.safetensors"  # peft's weights file in every adapter folder
 
 
 @dataclass(frozen=True)
@@ -203,3 +205,9 @@ def merge_adapter(model, info: AdapterInfo, model_name: str):
         return PeftModel.from_pretrained(model, str(info.path)).merge_and_unload()
     except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another model
         raise ValueError(f"adapter {info.name!r} does not fit {model_name}: {str(error).splitlines()[0]}") from error
+
+
+def weights_digest(folder: str | os.PathLike) -> str:
+    """A sha256 of an adapter folder's weights: which adapter it is wherever its folder lies (the teacher
+    outputs' cache key; a run folder known as the adapter served from it)."""
+    return hashlib.sha256((Path(folder) / WEIGHTS).read_bytes()).hexdigest()

@@ -41,7 +41,6 @@ machines (Accelerator places the model, shards the batches and syncs gradients).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
@@ -288,12 +287,11 @@ def teacher_cache(folder, teacher: str, max_new_tokens: int = TEACHER_TOKENS) ->
     """Where the E2E teacher's outputs are kept: named by a digest of its adapter's weights, so that an
     adapter retrained at the same path never reads the outputs of the one before (none for the base model,
     whose E2E outputs no recipe trains on)."""
-    from .adapters import NONE, find_adapter
+    from .adapters import NONE, find_adapter, weights_digest
 
     if teacher.lower() in NONE:
         return None
-    weights = find_adapter(teacher).path / "adapter_model.safetensors"
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
+    digest = weights_digest(find_adapter(teacher).path)[:12]
     return Path(folder) / f"teacher-outputs-{digest}-{max_new_tokens}tokens.jsonl"
 
 
