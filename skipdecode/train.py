@@ -684,7 +684,7 @@ library_name: peft
 Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the engine decodes with: prompt
 tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
 budget b(s), {shape}, in {c["mode"]} mode; a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
-{c["alpha"]}, {meta["steps"]} steps of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
+{c["alpha"]}, {meta["steps"]} steps{_of_schedule(meta)} of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
 {meta["train_minutes"]} minutes on {meta.get("device", "a 2-core CPU")}; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
 
@@ -699,6 +699,11 @@ def _teacher_words(teacher: str) -> str:
     from .adapters import NONE
 
     return "the full-depth base model" if str(teacher).lower() in NONE else f"the full-depth model with `{teacher}`"
+
+
+def _of_schedule(meta: dict) -> str:
+    """A snapshot stops short of its run's learning-rate schedule: say how far it got."""
+    return f" (a snapshot of a {meta['config']['steps']}-step schedule)" if meta.get("snapshot") else ""
 
 
 def _drawn(temperature: float) -> str:

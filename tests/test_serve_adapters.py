@@ -76,3 +76,18 @@ def test_a_run_that_started_from_the_served_adapters_run_folder_names_it_by_comm
     config = adapters.read_adapter(served / "e2e-5x").config
     assert config["init"] == f"e2e-5x@{script._head()}"
     assert config["teacher"] == "e2e-1x"
+
+
+def test_the_card_of_a_served_snapshot_says_it_stopped_short_of_its_schedule(tmp_path):
+    runs, served = tmp_path / "runs", tmp_path / "adapters"
+    for name, snapshot in (("whole", False), ("cut", True)):
+        shutil.copytree(adapters.find_adapter("e2e-5x").path, runs / name)
+        record = runs / name / "skipdecode.json"
+        meta = json.loads(record.read_text())
+        meta.pop("snapshot", None)
+        meta["config"]["steps"] = meta["steps"] + 101
+        record.write_text(json.dumps({**meta, "snapshot": True} if snapshot else meta))
+    _script().serve([(runs / "whole", "whole"), (runs / "cut", "cut")], served)
+    steps = json.loads((runs / "cut" / "skipdecode.json").read_text())["steps"]
+    assert f"{steps} steps (a snapshot of a {steps + 101}-step schedule) of batch" in (served / "cut" / "README.md").read_text()
+    assert "snapshot" not in (served / "whole" / "README.md").read_text()
