@@ -633,11 +633,12 @@ def finish_adapter(folder: Path) -> None:
     id rather than a local cache path, and a model card that says what it is instead of peft's template."""
     from safetensors.torch import load_file, save_file
 
+    from .adapters import WEIGHTS
     from .data import INSTRUCTION
     from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
 
     folder = Path(folder)
-    weights = folder / "adapter_model.safetensors"
+    weights = folder / WEIGHTS
     save_file({k: v.half() for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     meta = json.loads((folder / "skipdecode.json").read_text())
     base = DEFAULT_HUB_ID if meta["base_model"] == DEFAULT_MODEL else meta["base_model"]
