@@ -684,7 +684,7 @@ library_name: peft
 
 Fine-tuned by `skipdecode train` (SkipDecode Studio) with the layer plan the engine decodes with: prompt
 tokens run every layer; the s-th generated token runs {c["warmup_layers"]} warm-up layers and the top layers of its
-budget b(s), {shape}, in {c["mode"]} mode; a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}, alpha
+budget b(s), {shape}, in {c["mode"]} mode; a batch samples one of the speedups listed.{aids} LoRA rank {c["rank"]}{_cut_from(meta)}, alpha
 {c["alpha"]}, {meta["steps"]} steps{_of_schedule(meta)} of batch {c["batch_size"]} x {c["grad_accum"]}, {meta["precision"]} autocast,
 {meta["train_minutes"]} minutes on {meta.get("device", "a 2-core CPU")}; validation loss {meta["val_loss"]}. Every setting and the loss
 history are in `skipdecode.json`.
@@ -705,6 +705,13 @@ def _teacher_words(teacher: str) -> str:
 def _of_schedule(meta: dict) -> str:
     """A snapshot stops short of its run's learning-rate schedule: say how far it got."""
     return f" (a snapshot of a {meta['config']['steps']}-step schedule)" if meta.get("snapshot") else ""
+
+
+def _cut_from(meta: dict) -> str:
+    """An adapter cut to a lower rank after training (`skipdecode.rank_cut`): from what, keeping how much."""
+    cut = meta.get("rank_cut")
+    return (f" (cut from rank {cut['from_rank']} by an SVD of each layer's update, keeping"
+            f" {cut['energy_kept_mean']:.1%} of its energy on average)" if cut else "")
 
 
 def _drawn(temperature: float) -> str:
