@@ -77,6 +77,7 @@ def theme() -> gr.themes.Base:
 def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
     """The page; `concurrency`: decoding requests in flight at once (more wait in Gradio's queue)."""
     cb = gpu_callbacks(Callbacks(studio))  # on ZeroGPU the model-running handlers run in GPU calls
+    start = studio.default_speedup  # a question and a restaurant record both get an adapter there
     engine = studio.engine()
     L = engine.num_layers
     examples = load_examples()
@@ -103,7 +104,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                             info="auto picks the adapter for the prompt and the target speedup"
                                             if len(studio.labels) > 1 else
                                             "fine-tuned adapters join this list when assets/adapters has them")
-                        speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=3, step=0.25,
+                        speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=start, step=0.25,
                                             label="Target speedup", info=f"average layers per token = {L} / speedup",
                                             elem_id="sd-speedup")
                         max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
@@ -165,7 +166,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         batch_prompts = gr.Textbox(DEFAULT_BATCH, lines=6, label="Prompts, one per line "
                                                    f"(at most {studio.limits.max_batch_prompts})")
                     with gr.Column(scale=2):
-                        batch_speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=3, step=0.25,
+                        batch_speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=start, step=0.25,
                                                   label="Target speedup")
                         batch_tokens = gr.Slider(1, 128, value=32, step=1, label="Max new tokens")
                         with gr.Row():

@@ -54,6 +54,7 @@ class ModelChoice:
     horizon: int | None = None  # the horizon the adapter was trained with: the default for decoding with it
     spread: float = SPREAD  # its max budget / average budget (1 = constant): the speedup's shape it learned
     speedups: tuple[float, ...] = ()  # the speedups it was trained for: "auto" runs it at the nearest
+    task: str | None = None  # what its adapter was trained on ("e2e", "general")
 
 
 def base_model() -> str:
@@ -91,7 +92,7 @@ def configured_models(model: str | None = None) -> list[ModelChoice]:
     model = model or base_model()
     adapters = [a for a in readable_adapters() if same_base(a.base_model, model)]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
-                           a.name, a.config.get("horizon"), a.spread, a.speedups) for a in adapters]
+                           a.name, a.config.get("horizon"), a.spread, a.speedups, a.task) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)
     return [ModelChoice(AUTO), base, *choices] if choices else [base]
 
@@ -354,6 +355,13 @@ class Studio:
         if picked is not None and served is None:
             return self.base, f"base model: {picked.name} was not served at start"
         return served or self.base, why
+
+    @property
+    def default_speedup(self) -> float:
+        """The speedup the page starts at: the highest one every kind of prompt has a served adapter for."""
+        from skipdecode.adapters import shared_speedup
+
+        return shared_speedup([(m.task, m.speedups) for m in self.models if m.adapter])
 
     @property
     def base(self) -> ModelChoice:

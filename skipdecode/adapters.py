@@ -149,6 +149,20 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
                     f"was trained for ({at} asked: an adapter holds up only at the speedups it was trained for)")
 
 
+def shared_speedup(served, fallback: float = 3.0) -> float:
+    """The highest speedup above 1 that an adapter of every task was trained for, from the served adapters'
+    `(task, speedups)`: where the page starts, so that a visitor's first prompt, a restaurant record or a
+    question, runs an adapter made for the speedup shown (with only `general-2x` served, a question at 3x
+    ran the base model's skipping: word salad). `fallback` where the tasks share none."""
+    from .router import E2E, GENERAL
+
+    common = None
+    for task in (E2E, GENERAL):
+        trained = {s for kind, speedups in served if kind == task for s in speedups if s > 1}
+        common = trained if common is None else common & trained
+    return max(common) if common else fallback
+
+
 def run_speedup(info, speedup: float | None) -> float | None:
     """The speedup to decode at with `info` (anything with the `speedups` it was trained for: an adapter,
     an app's model choice) when `speedup` is asked for: the nearest one it was trained for (between two,

@@ -128,6 +128,23 @@ def test_a_general_prompt_gets_a_general_adapter_for_its_speedup(folder):
     assert adapters.pick_adapter(None, prompt=MR) == (None, "base model: no E2E adapter for hand-set budgets yet")
 
 
+def test_the_page_starts_at_the_highest_speedup_both_kinds_of_prompt_have_an_adapter_for(folder):
+    """A visitor's first prompt, a question or a restaurant record, runs an adapter made for the speedup
+    the page shows; with no speedup shared, the page starts at 3x."""
+    from app.studio import Studio, configured_models
+
+    def start():
+        return Studio(configured_models(), batcher=object()).default_speedup  # nothing decodes here
+
+    assert start() == 3  # E2E adapters only: no question has one
+    fake(folder, "general-2x", [2], task="general")
+    assert start() == 2  # today's served set: a question has an adapter at 2x only
+    fake(folder, "general-all", [2, 3, 5], task="general")
+    assert start() == 5  # shared: 2x, 3x (e2e-2x, e2e-3x) and 5x (e2e-5x)
+    assert adapters.shared_speedup([(E2E, (1.0,)), (GENERAL, (2.0,))]) == 3  # nothing shared above 1x
+    assert adapters.shared_speedup([(E2E, (2.0, 3.0)), (GENERAL, (3.0,))], fallback=4) == 3
+
+
 def generate_args(*argv):
     return build_parser().parse_args(["generate", *argv])
 
