@@ -304,6 +304,8 @@ class BatchRun:
     prompts: list[str]
     schedule: Schedule
     num_layers: int
+    models: tuple[str, str] = ("", "")  # the labels of the models the two sides ran
+    why: tuple[str, str] = ("chosen", "chosen")  # why "auto" picked each ("chosen": named by the user)
     skip: list[Update | None] = field(default_factory=list)
     full: list[Update | None] = field(default_factory=list)
 
@@ -441,10 +443,7 @@ class Studio:
         beam = settings.search(self.limits)  # checked before any model is loaded for the request
         choice, engine, schedule, sampling, why = self._setup(settings, model, prompt)
         prompt, n = self._check(engine, prompt, settings.max_new_tokens)
-        # "auto" compares like the paper: SkipDecode with the adapter made for its speedup against full
-        # decoding with the one made for full depth (for an E2E MR the fine-tuned 1x baseline; for any
-        # other prompt the base model itself); a chosen model runs both.
-        full_choice, full_why = self.pick(AUTO, 1.0, prompt) if model == AUTO else (choice, why)
+        full_choice, full_why = self.reference(model, prompt, choice, why)
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
@@ -460,6 +459,13 @@ class Studio:
             skip.cancel(), full.cancel()
         comparison.quality = self.score(full_engine, comparison)
         yield comparison
+
+    def reference(self, model: str | None, prompt: str | None, choice: ModelChoice,
+                  why: str) -> tuple[ModelChoice, str]:
+        """The model full decoding runs beside SkipDecode, and why. "auto" compares like the paper: the
+        adapter made for the speedup against the one made for full depth (for an E2E MR the fine-tuned 1x
+        baseline; for any other prompt the base model itself); a chosen model runs both."""
+        return self.pick(AUTO, 1.0, prompt) if model == AUTO else (choice, why)
 
     def score(self, engine: Engine, comparison: Comparison) -> dict:
         """Quality of the SkipDecode output against the full one (and the references, for E2E items);
@@ -519,11 +525,15 @@ class Studio:
         return replace(settings, speedup=run_speedup(choice, _number("speedup", settings.speedup)))
 
     def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
-        choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))
+        """The prompts as one SkipDecode batch, and as one full-decoding batch on the model `compare` would
+        run beside it (routed by the first prompt: a batch runs one model on each side)."""
+        choice, engine, schedule, sampling, why = self._setup(settings, model, _one_prompt(prompts))
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
-        run = BatchRun(prompts, schedule, engine.num_layers)
+        full_choice, full_why = self.reference(model, prompts[0], choice, why)
+        full_engine = self.engine(full_choice)
+        run = BatchRun(prompts, schedule, engine.num_layers, (choice.label, full_choice.label), (why, full_why))
         jobs = ([Job(engine, p, schedule, n, sampling) for p in prompts]
-                + [Job(engine, p, None, n, sampling) for p in prompts])
+                + [Job(full_engine, p, None, n, sampling) for p in prompts])
         tickets = self.batcher.submit_together(jobs)
         try:
             for updates in follow(tickets):
@@ -535,8 +545,9 @@ class Studio:
 
     def throughput(self, prompts: list[str], settings: Settings, model: str | None = None,
                    sizes: tuple[int, ...] = (1, 2, 4, 8)) -> pd.DataFrame:
-        """Decode tokens per second against batch size, SkipDecode and full decoding side by side
-        (prompts repeated to fill a batch; EOS ignored so every row decodes the same number of tokens).
+        """Decode tokens per second against batch size, SkipDecode and full decoding side by side, on the
+        same weights so that only the layers run differ (prompts repeated to fill a batch; EOS ignored so
+        every row decodes the same number of tokens).
         The sizes run one after another within one time limit for the whole measurement."""
         choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)

@@ -179,14 +179,18 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
             f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}. "
             f"Decoding: {comparison.decoding}.")
     state = "Running…" if running else "Done."
-    why_skip, why_full = (html.escape(w) for w in comparison.why)
-    skip_dtype, full_dtype = comparison.dtypes
-    if comparison.why == ("chosen", "chosen"):
-        models = f"Model: **{comparison.model}** (chosen, {skip_dtype})."
-    else:  # "auto": which adapter each side ran, and why
-        models = (f"SkipDecode: **{comparison.model}** ({why_skip}, {skip_dtype}); full decoding: "
-                  f"**{comparison.full_model}** ({why_full}, {full_dtype}).")
+    models = _models((comparison.model, comparison.full_model), comparison.why, comparison.dtypes)
     return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
+
+
+def _models(labels: tuple[str, str], why: tuple[str, str], dtypes: tuple[str, ...] = ()) -> str:
+    """Which model each side ran, and why "auto" picked it."""
+    extra = [f", {d}" for d in dtypes] or ["", ""]
+    if why == ("chosen", "chosen"):
+        return f"Model: **{labels[0]}** (chosen{extra[0]})."
+    why_skip, why_full = (html.escape(w) for w in why)  # "auto": which adapter each side ran, and why
+    return (f"SkipDecode: **{labels[0]}** ({why_skip}{extra[0]}); full decoding: **{labels[1]}** "
+            f"({why_full}{extra[1]}).")
 
 
 def _rows(n: int) -> str:
@@ -258,4 +262,4 @@ def batch_status(run: BatchRun) -> str:
     if full is not None:
         parts.append(f"full decoding: **batch #{full.batch.number}**, {full.batch.size} rows, "
                      f"{full.trace.decode_tokens_per_s:.0f} decode tokens/s")
-    return ("Running… " if not run.done else "Done. ") + "; ".join(parts) + "."
+    return ("Running… " if not run.done else "Done. ") + _models(run.models, run.why) + " " + "; ".join(parts) + "."

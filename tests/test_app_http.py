@@ -167,6 +167,7 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
 def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline(engine):
     """With the shipped adapters, "auto" runs SkipDecode with the adapter made for its speedup and full
     decoding with the one made for 1x, as the paper compares; the full side is that adapter's own decoding."""
+    from app import views
     from app.callbacks import Callbacks
     from app.studio import AUTO, Settings, Studio, configured_models
     from skipdecode.adapters import adapter_for, run_speedup
@@ -202,4 +203,14 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     else:
         assert "a general prompt at 3x" in done.why[0]
     assert done.full.token_ids == engine.generate([general], None, 4).token_ids[0]  # the base model, loaded apart
+
+    # The Batch tab compares the same way: questions against the base model, MRs against the 1x adapter.
+    questions = [general, "Give three names for a friendly robot."]
+    *_, run = studio.batch(questions, Settings(speedup=2.0, max_new_tokens=4), AUTO)
+    assert run.models[1] == studio.base.label and run.why[1] == done.why[1]
+    assert [u.token_ids for u in run.full] == engine.generate(questions, None, 4).token_ids
+    assert f"full decoding: **{studio.base.label}**" in views.batch_status(run)
+    *_, run = studio.batch([prompt], Settings(speedup=3.0, max_new_tokens=6), AUTO)
+    assert run.models[0].startswith(skip_adapter.name) and run.models[1].startswith(full_adapter.name)
+    assert run.full[0].token_ids == baseline.generate([prompt], None, 6).token_ids[0]
     studio.batcher.close()
