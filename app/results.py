@@ -2,8 +2,8 @@
 benchmark, if present.
 
 The files stay as the commands wrote them; the page only orders them: the columns a reader needs first,
-and in the E2E table the rows of the adapters this app serves (the adapters folder) first, marked in a
-`served` column, then the experiments the same run measured.
+and in the E2E table the rows of what this app serves ("auto"'s adapter at its speedup, from the adapters
+folder) first, marked in a `served` column, then the experiments the same run measured.
 """
 
 from __future__ import annotations
@@ -47,30 +47,41 @@ class Table:
         return f"**No `{self.path.name}` yet** ({self.problem}). It is produced by `{self.command}`."
 
 
-def served_adapters() -> set[str]:
-    """The names of the adapters this app serves: those in the adapters folder (`available_adapters()`).
-    When it cannot be read (an adapter folder half written), none counts as served and the log says why."""
-    from skipdecode.adapters import available_adapters
+def served_pairs(speedups) -> set[tuple[str, float]]:
+    """(adapter, speedup) for each of `speedups` at which "auto" runs an E2E adapter of the adapters folder
+    at that very speedup (`pick_adapter`, `run_speedup`): a row of another speedup (4x, which auto runs at
+    5x) or of an adapter auto passes over there (`e2e-all` at 5x) is an experiment, not what a visitor
+    gets. When the folder cannot be read (an adapter half written), none counts and the log says why."""
+    from skipdecode.adapters import pick_adapter, run_speedup
+    from skipdecode.router import E2E
 
+    pairs = set()
     try:
-        return {info.name for info in available_adapters()}
+        for speedup in sorted({float(s) for s in speedups}):
+            picked, _ = pick_adapter(speedup, task=E2E)
+            if picked is not None and run_speedup(picked, speedup) == speedup:
+                pairs.add((picked.name, speedup))
     except (ValueError, KeyError, TypeError, OSError) as error:
         log.warning("results: cannot read the adapters folder, no adapter counts as served: %s", error)
         return set()
+    return pairs
 
 
-def arrange(name: str, frame: pd.DataFrame, served: set[str] | None = None) -> pd.DataFrame:
+def arrange(name: str, frame: pd.DataFrame, served: set[tuple[str, float]] | None = None) -> pd.DataFrame:
     """The table as the page shows it: FIRST_COLUMNS first; an E2E table gets a `served` column (its
-    adapter is in `served`, default the adapters folder, or it has none) and its served rows first."""
+    (adapter, speedup) is in `served`, default what "auto" runs from the adapters folder, or it has no
+    adapter) and its served rows first."""
     if name == "e2e" and "adapter" in frame.columns:
-        names = served_adapters() if served is None else set(served)
-        frame = frame.assign(served=frame["adapter"].astype(str).isin(names) | plots.no_adapter(frame))
+        pairs = served_pairs(frame["speedup"]) if served is None else set(served)
+        rows = zip(frame["adapter"].astype(str), frame["speedup"].astype(float))
+        frame = frame.assign(served=pd.Series([row in pairs for row in rows], index=frame.index)
+                             | plots.no_adapter(frame))
         frame = frame.sort_values("served", ascending=False, kind="stable").reset_index(drop=True)
     first = [c for c in FIRST_COLUMNS.get(name, ()) if c in frame.columns]
     return frame[first + [c for c in frame.columns if c not in first]]
 
 
-def load_table(name: str, folder: Path | None = None, served: set[str] | None = None) -> Table:
+def load_table(name: str, folder: Path | None = None, served: set[tuple[str, float]] | None = None) -> Table:
     """One results table, arranged for the page (`arrange`); a missing or broken file is reported, never
     replaced by made-up numbers."""
     filename, command = SOURCES[name]

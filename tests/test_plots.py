@@ -9,6 +9,7 @@ import pytest
 
 from app import plots, views
 from app.results import load_table
+from skipdecode.models import DEFAULT_MODEL
 from skipdecode.schedule import Schedule
 from skipdecode.trace import StepRecord, Trace
 
@@ -131,7 +132,7 @@ SkipDecode 5x,m,e2e-5x-refs,5.0,48.0,42.9,69.8,3.23,630
 SkipDecode 5x,m,e2e-5x,5.0,52.2,31.5,87.8,3.12,630
 SkipDecode 2x,m,e2e-2x,2.0,56.4,24.4,100.0,1.65,630
 """
-SERVED = {"e2e-1x", "e2e-2x", "e2e-3x", "e2e-5x"}
+SERVED = {("e2e-1x", 1.0), ("e2e-2x", 2.0), ("e2e-3x", 3.0), ("e2e-5x", 5.0)}  # what "auto" runs at each speedup
 
 
 @pytest.fixture
@@ -203,9 +204,10 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     assert {"SkipDecode, batch 1", "early-exit peer, batch 1"} <= names
     # the box that adds the experiments shows only when the table has rows of adapters not served
     (tmp_path / "e2e.csv").write_text(E2E_CSV)
-    monkeypatch.setattr(app.results, "served_adapters", lambda: SERVED)
+    monkeypatch.setattr(app.results, "served_pairs", lambda speedups: SERVED)
     assert Callbacks(studio=None).results()[0].visible
-    monkeypatch.setattr(app.results, "served_adapters", lambda: set(pd.read_csv(tmp_path / "e2e.csv")["adapter"]))
+    every = pd.read_csv(tmp_path / "e2e.csv")
+    monkeypatch.setattr(app.results, "served_pairs", lambda speedups: set(zip(every["adapter"], every["speedup"])))
     assert not Callbacks(studio=None).results()[0].visible
     (tmp_path / "e2e-beams4.csv").write_text("row,adapter,speedup,bleu,bleu_e2e\nfine-tuned 1x,e2e-1x,1.0,66.0,66.9\n")
     *_, beams_note, beams_table, _, _ = Callbacks(studio=None).results()
@@ -225,7 +227,7 @@ def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served
     import app.results
 
     (tmp_path / "e2e.csv").write_text(E2E_CSV)
-    monkeypatch.setattr(app.results, "served_adapters", lambda: SERVED)
+    monkeypatch.setattr(app.results, "served_pairs", lambda speedups: SERVED)
     off, on = app.results.e2e_figure(False, tmp_path), app.results.e2e_figure(True, tmp_path)
     assert [len(t.x) for t in off.data] == [4, 1] and [len(t.x) for t in on.data] == [3, 4, 1]
     missing = app.results.e2e_figure(True, tmp_path / "elsewhere")
@@ -233,11 +235,31 @@ def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served
     adapters = tmp_path / "adapters"
     (adapters / "e2e-2x").mkdir(parents=True)
     (adapters / "e2e-2x" / "adapter_config.json").write_text("{}")
-    (adapters / "e2e-2x" / "skipdecode.json").write_text('{"speedups": [2], "base_model": "m"}')
+    (adapters / "e2e-2x" / "skipdecode.json").write_text(json.dumps({"speedups": [2], "base_model": DEFAULT_MODEL}))
     monkeypatch.undo()
     monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(adapters))
-    assert app.results.served_adapters() == {"e2e-2x"}
+    # "auto" runs e2e-2x at 2x only: at 1x, 3x and 5x it would run it at 2x, so those rows are not what it serves
+    assert app.results.served_pairs([1.0, 2.0, 3.0, 5.0]) == {("e2e-2x", 2.0)}
     assert list(app.results.e2e_figure(False, tmp_path).data[0].text) == ["e2e-2x"]
+
+
+def test_a_row_is_served_only_where_auto_runs_that_adapter_at_that_speedup(tmp_path, monkeypatch):
+    """Today's set: auto runs e2e-5x at 5x (not e2e-all) and, asked for 4x, runs 5x: the test table's 4x row
+    and its e2e-all-at-5x row are experiments, off the served frontier."""
+    import app.results
+
+    for name, speedups in (("e2e-1x", [1]), ("e2e-all", [2, 3, 5]), ("e2e-5x", [5])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text("{}")
+        (tmp_path / name / "skipdecode.json").write_text(json.dumps({"speedups": speedups, "base_model": DEFAULT_MODEL}))
+    monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(tmp_path))
+    assert app.results.served_pairs([1, 2, 3, 4, 5]) == {("e2e-1x", 1.0), ("e2e-all", 2.0), ("e2e-all", 3.0),
+                                                         ("e2e-5x", 5.0)}
+    (tmp_path / "e2e.csv").write_text("row,adapter,speedup,bleu\nSkipDecode 4x,e2e-5x,4.0,14.3\n"
+                                      "SkipDecode 5x,e2e-5x,5.0,65.4\nSkipDecode 5x,e2e-all,5.0,64.6\n")
+    table = load_table("e2e", tmp_path).frame
+    assert list(zip(table["adapter"], table["speedup"], table["served"])) == [
+        ("e2e-5x", 5.0, True), ("e2e-5x", 4.0, False), ("e2e-all", 5.0, False)]
 
 
 def test_the_quality_panel_says_what_it_compares_against():
