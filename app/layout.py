@@ -194,10 +194,10 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
             # ---- Results ------------------------------------------------------------------------
             with gr.Tab("Results", id="results"):
                 gr.Markdown("Measured results from `assets/results/`, exactly as the commands wrote them. The E2E "
-                            "plot draws as a frontier what this app serves: at each speedup, the adapter \"auto\" runs there. "
-                            "Rows of the same run that auto does not run (an adapter at a speedup it was not "
-                            "trained for, or one passed over for another) are experiments: in the table after the "
-                            "served rows, and on the plot when the box below is ticked.")
+                            "plot draws as a frontier what this app serves: at each speedup, the adapter "
+                            "\"auto\" runs there. Rows of the same run that auto does not run (an adapter at a "
+                            "speedup it was not trained for, or one passed over for another) are experiments: in "
+                            "the table after the served rows, and on the plot when the box below is ticked.")
                 e2e_note = gr.Markdown()
                 show_experiments = gr.Checkbox(False, label="show experiment adapters", elem_id="sd-show-experiments",
                                                info="grey points; hover one for its name")

@@ -251,7 +251,8 @@ def test_a_row_is_served_only_where_auto_runs_that_adapter_at_that_speedup(tmp_p
     for name, speedups in (("e2e-1x", [1]), ("e2e-all", [2, 3, 5]), ("e2e-5x", [5])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "adapter_config.json").write_text("{}")
-        (tmp_path / name / "skipdecode.json").write_text(json.dumps({"speedups": speedups, "base_model": DEFAULT_MODEL}))
+        card = {"speedups": speedups, "base_model": DEFAULT_MODEL}
+        (tmp_path / name / "skipdecode.json").write_text(json.dumps(card))
     monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(tmp_path))
     assert app.results.served_pairs([1, 2, 3, 4, 5]) == {("e2e-1x", 1.0), ("e2e-all", 2.0), ("e2e-all", 3.0),
                                                          ("e2e-5x", 5.0)}
