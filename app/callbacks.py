@@ -89,7 +89,7 @@ class Callbacks:
                 settings = settings_from(speedup, max_new_tokens, manual=manual, max_budget=max_budget,
                                          min_budget=min_budget, warmup=warmup, horizon=horizon, decay=decay,
                                          mode=mode)
-                choice, _, settings = self.studio.resolve(settings, model, prompt)
+                choice, why, settings = self.studio.resolve(settings, model, prompt)
                 schedule = settings.schedule(engine.num_layers, choice.horizon, self.studio.limits, choice.spread)
                 steps = max(int(settings.max_new_tokens) - 1, 1)
         except gr.Error as error:
@@ -103,6 +103,11 @@ class Callbacks:
         if not manual and settings.speedup != float(speedup):
             note += (f" For this prompt \"auto\" runs {choice.adapter} at {settings.speedup:g}×, the nearest speedup "
                      f"it was trained for.")
+        elif not manual and choice.adapter is None and settings.speedup > 1 and why.startswith("base model: no "):
+            reason, trained = why.removeprefix("base model: "), self.studio.trained_speedups(prompt)
+            note += (f" ⚠️ {reason[0].upper()}{reason[1:]}, so \"auto\" runs the base model, which was never trained "
+                     "to skip layers: expect garbled text" + (f" (this kind of prompt has adapters for {trained})."
+                                                              if trained else "."))
         return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,

@@ -358,6 +358,14 @@ class Studio:
             return self.base, f"base model: {picked.name} was not served at start"
         return served or self.base, why
 
+    def trained_speedups(self, prompt: str | None) -> str:
+        """The speedups the served adapters for this kind of prompt were trained for ("2×, 3×"; "" if none)."""
+        from skipdecode.router import E2E, route
+
+        kind = route(prompt).kind if prompt else E2E
+        speedups = sorted({s for m in self.models if m.adapter and m.task == kind for s in m.speedups if s > 1})
+        return ", ".join(f"{s:g}×" for s in speedups)
+
     @property
     def default_speedup(self) -> float:
         """The speedup the page starts at: the highest one every kind of prompt has a served adapter for."""
