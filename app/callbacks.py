@@ -105,9 +105,9 @@ class Callbacks:
                      f"it was trained for.")
         elif not manual and choice.adapter is None and settings.speedup > 1 and why.startswith("base model: no "):
             reason, trained = why.removeprefix("base model: "), self.studio.trained_speedups(prompt)
+            has = f" (this kind of prompt has adapters for {trained})." if trained else "."
             note += (f" ⚠️ {reason[0].upper()}{reason[1:]}, so \"auto\" runs the base model, which was never trained "
-                     "to skip layers: expect garbled text" + (f" (this kind of prompt has adapters for {trained})."
-                                                              if trained else "."))
+                     f"to skip layers: its text degrades as the speedup grows, to word salad at 3×{has}")
         return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,

@@ -205,9 +205,9 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     assert done.full.token_ids == engine.generate([general], None, 4).token_ids[0]  # the base model, loaded apart
     # Before anything runs, the schedule preview warns when "auto" has only the untrained base model to skip with.
     note = Callbacks(studio).preview(AUTO, 3.0, 6, False, 20, 6, 2, 0, "linear", "skip", general)[1]
-    assert ("expect garbled text" in note) == (done.model == studio.base.label), note
+    assert ("to word salad" in note) == (done.model == studio.base.label), note
     note = Callbacks(studio).preview(AUTO, 3.0, 6, False, 20, 6, 2, 0, "linear", "skip", prompt)[1]
-    assert "garbled" not in note  # an MR: e2e-all is trained for 3x
+    assert "word salad" not in note  # an MR: e2e-all is trained for 3x
 
     # The Batch tab compares the same way: questions against the base model, MRs against the 1x adapter.
     questions = [general, "Give three names for a friendly robot."]
