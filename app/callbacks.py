@@ -21,7 +21,7 @@ from skipdecode.schedule import max_speedup
 
 from . import plots, views
 from .results import load_table
-from .studio import Settings, Studio, shown
+from .studio import AUTO, Settings, Studio, shown
 
 # While a comparison streams, its text updates at most every TEXT_EVERY_S and its plots are drawn when it
 # ends. Each update is HTML the server builds and a browser on the same machine renders while the batcher
@@ -103,7 +103,7 @@ class Callbacks:
         if not manual and settings.speedup != float(speedup):
             note += (f" For this prompt \"auto\" runs {choice.adapter} at {settings.speedup:g}×, the nearest speedup "
                      f"it was trained for.")
-        elif not manual and choice.adapter is None and settings.speedup > 1 and why.startswith("base model: no "):
+        elif not manual and model == AUTO and choice.adapter is None and settings.speedup > 1:
             reason, trained = why.removeprefix("base model: "), self.studio.trained_speedups(prompt)
             has = f" (this kind of prompt has adapters for {trained})." if trained else "."
             note += (f" ⚠️ {reason[0].upper()}{reason[1:]}, so \"auto\" runs the base model, which was never trained "

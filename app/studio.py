@@ -358,20 +358,25 @@ class Studio:
             return self.base, f"base model: {picked.name} was not served at start"
         return served or self.base, why
 
+    @property
+    def served(self) -> list[tuple[str | None, tuple[float, ...]]]:
+        """Each served adapter's (task, speedups)."""
+        return [(m.task, m.speedups) for m in self.models if m.adapter]
+
     def trained_speedups(self, prompt: str | None) -> str:
         """The speedups the served adapters for this kind of prompt were trained for ("2×, 3×"; "" if none)."""
+        from skipdecode.adapters import trained_speedups
         from skipdecode.router import E2E, route
 
         kind = route(prompt).kind if prompt else E2E
-        speedups = sorted({s for m in self.models if m.adapter and m.task == kind for s in m.speedups if s > 1})
-        return ", ".join(f"{s:g}×" for s in speedups)
+        return ", ".join(f"{s:g}×" for s in sorted(trained_speedups(self.served, kind)))
 
     @property
     def default_speedup(self) -> float:
         """The speedup the page starts at: the highest one every kind of prompt has a served adapter for."""
         from skipdecode.adapters import shared_speedup
 
-        return shared_speedup([(m.task, m.speedups) for m in self.models if m.adapter])
+        return shared_speedup(self.served)
 
     @property
     def base(self) -> ModelChoice:
@@ -535,9 +540,10 @@ class Studio:
     def batch(self, prompts: list[str], settings: Settings, model: str | None = None) -> Iterator[BatchRun]:
         """The prompts as one SkipDecode batch, and as one full-decoding batch on the model `compare` would
         run beside it (routed by the first prompt: a batch runs one model on each side)."""
-        choice, engine, schedule, sampling, why = self._setup(settings, model, _one_prompt(prompts))
+        first = _one_prompt(prompts)
+        choice, engine, schedule, sampling, why = self._setup(settings, model, first)
         prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
-        full_choice, full_why = self.reference(model, prompts[0], choice, why)
+        full_choice, full_why = self.reference(model, first, choice, why)
         full_engine = self.engine(full_choice)
         run = BatchRun(prompts, schedule, engine.num_layers, (choice.label, full_choice.label), (why, full_why))
         jobs = ([Job(engine, p, schedule, n, sampling) for p in prompts]

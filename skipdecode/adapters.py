@@ -156,11 +156,13 @@ def shared_speedup(served, fallback: float = 3.0) -> float:
     ran the base model's skipping: word salad). `fallback` where the tasks share none."""
     from .router import E2E, GENERAL
 
-    common = None
-    for task in (E2E, GENERAL):
-        trained = {s for kind, speedups in served if kind == task for s in speedups if s > 1}
-        common = trained if common is None else common & trained
+    common = trained_speedups(served, E2E) & trained_speedups(served, GENERAL)
     return max(common) if common else fallback
+
+
+def trained_speedups(served, task: str) -> set[float]:
+    """The speedups above 1 that the served adapters of `task` were trained for, from their `(task, speedups)`."""
+    return {s for kind, speedups in served if kind == task for s in speedups if s > 1}
 
 
 def run_speedup(info, speedup: float | None) -> float | None:
