@@ -104,7 +104,7 @@ class Callbacks:
             note += (f" For this prompt \"auto\" runs {choice.adapter} at {settings.speedup:g}×, the nearest speedup "
                      f"it was trained for.")
         elif not manual and model == AUTO and choice.adapter is None and settings.speedup > 1:
-            reason, trained = why.removeprefix("base model: "), self.studio.trained_speedups(prompt)
+            reason, trained = why.removeprefix("base model: "), self.studio.adapter_speedups(prompt)
             has = f" (this kind of prompt has adapters for {trained})." if trained else "."
             note += (f" ⚠️ {reason[0].upper()}{reason[1:]}, so \"auto\" runs the base model, which was never trained "
                      f"to skip layers: its text degrades as the speedup grows, to word salad at 3×{has}")

@@ -25,11 +25,13 @@ from typing import Iterator
 import pandas as pd
 
 from skipdecode import quality
-from skipdecode.adapters import run_speedup, same_base
+from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_speedup,
+                                 trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine
 from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL, dtype_name
+from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
 
@@ -73,8 +75,6 @@ def public_name(model: str) -> str:
 def readable_adapters() -> list:
     """The adapters in the adapters folder; one that cannot be read (half written, edited by hand) is
     left out with a warning in the log rather than keeping the app from starting."""
-    from skipdecode.adapters import adapters_dir, read_adapter
-
     folder, found = adapters_dir(), []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if (path / "skipdecode.json").exists():
@@ -344,8 +344,6 @@ class Studio:
             raise ValueError(f"unknown model {shown(label)}; this app serves only: {'; '.join(self.labels)}")
         if choice.label != AUTO:
             return choice, "chosen"
-        from skipdecode.adapters import pick_adapter
-
         target = _number("speedup", speedup or 1.0)
         try:
             picked, why = pick_adapter(target, self.base.model, prompt)
@@ -363,19 +361,14 @@ class Studio:
         """Each served adapter's (task, speedups)."""
         return [(m.task, m.speedups) for m in self.models if m.adapter]
 
-    def trained_speedups(self, prompt: str | None) -> str:
+    def adapter_speedups(self, prompt: str | None) -> str:
         """The speedups the served adapters for this kind of prompt were trained for ("2×, 3×"; "" if none)."""
-        from skipdecode.adapters import trained_speedups
-        from skipdecode.router import E2E, route
-
         kind = route(prompt).kind if prompt else E2E
         return ", ".join(f"{s:g}×" for s in sorted(trained_speedups(self.served, kind)))
 
     @property
     def default_speedup(self) -> float:
         """The speedup the page starts at: the highest one every kind of prompt has a served adapter for."""
-        from skipdecode.adapters import shared_speedup
-
         return shared_speedup(self.served)
 
     @property
