@@ -10,7 +10,8 @@ records its ancestors by absolute path on the machine that trained it; served, t
 name on any clone (eval's held-out check follows it), and the card must name what the app serves. A run
 trained on from the adapter it replaces records that one as NAME@COMMIT (the commit that served it, so `git
 show COMMIT:assets/adapters/NAME` finds it), not by a name that would now point at itself; so does a run
-trained on from the run folder the replaced adapter was served from (the same weights).
+trained on from the run folder the replaced adapter was served from (the same weights), and so does every
+adapter already served that named the replaced one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,22 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
         finish_adapter(dest)
         served.append(dest)
+    _rename_replaced_ancestors(folder, served, replaced)
     return served
+
+
+def _rename_replaced_ancestors(folder: Path, served: list[Path], replaced: dict) -> None:
+    """Adapters served earlier that started or learned from one this call replaced name it by commit from now
+    on (e2e-all's teacher `e2e-1x` becomes `e2e-1x@COMMIT` when a new e2e-1x is served): the name alone would
+    now point at weights they never saw."""
+    for other in sorted(p for p in folder.iterdir() if (p / "skipdecode.json").is_file() and p not in served):
+        meta = json.loads((other / "skipdecode.json").read_text())
+        renamed = {key: replaced[meta["config"][key]] for key in ("init", "teacher")
+                   if meta["config"].get(key) in replaced}
+        if renamed:
+            meta["config"].update(renamed)
+            (other / "skipdecode.json").write_text(json.dumps(meta, indent=1))
+            finish_adapter(other)
 
 
 def _served_name(ancestor: str, names: dict, replaced: dict, served_now: dict) -> str:

@@ -61,6 +61,27 @@ def test_a_run_that_replaces_its_own_start_names_it_by_commit(tmp_path):
     assert f"Started from the adapter `e2e-5x@{script._head()}`" in (served / "e2e-5x" / "README.md").read_text()
 
 
+
+def test_adapters_served_earlier_name_a_replaced_ancestor_by_commit(tmp_path):
+    """A new e2e-1x served beside e2e-all, whose init and teacher was the old one, and e2e-5x (teacher)."""
+    runs, served = tmp_path / "runs", tmp_path / "adapters"
+    for name in ("e2e-1x", "e2e-all", "e2e-5x"):
+        shutil.copytree(adapters.find_adapter(name).path, served / name)
+    record = served / "e2e-all" / "skipdecode.json"
+    record.write_text(json.dumps({**(meta := json.loads(record.read_text())),
+                                  "config": {**meta["config"], "init": "e2e-1x", "teacher": "e2e-1x"}}))
+    before = (served / "e2e-all" / "adapter_model.safetensors").read_bytes()
+    shutil.copytree(adapters.find_adapter("e2e-1x").path, runs / "new-1x")
+    script = _script()
+    script.serve([(runs / "new-1x", "e2e-1x")], served)
+    tag = f"e2e-1x@{script._head()}"
+    config = adapters.read_adapter(served / "e2e-all").config
+    assert config["init"] == config["teacher"] == tag
+    assert adapters.read_adapter(served / "e2e-5x").config["teacher"] == tag
+    assert f"Started from the adapter `{tag}`" in (served / "e2e-all" / "README.md").read_text()
+    assert (served / "e2e-all" / "adapter_model.safetensors").read_bytes() == before
+    assert adapters.read_adapter(served / "e2e-1x").config.get("init") is None
+
 def test_a_run_that_started_from_the_served_adapters_run_folder_names_it_by_commit(tmp_path):
     """Trained on with `--init checkpoints/runs/X`, X being what is served as the name it replaces."""
     runs, served = tmp_path / "runs", tmp_path / "adapters"
