@@ -67,9 +67,10 @@ def test_adapters_served_earlier_name_a_replaced_ancestor_by_commit(tmp_path):
     runs, served = tmp_path / "runs", tmp_path / "adapters"
     for name in ("e2e-1x", "e2e-all", "e2e-5x"):
         shutil.copytree(adapters.find_adapter(name).path, served / name)
-    record = served / "e2e-all" / "skipdecode.json"
-    record.write_text(json.dumps({**(meta := json.loads(record.read_text())),
-                                  "config": {**meta["config"], "init": "e2e-1x", "teacher": "e2e-1x"}}))
+    for name, names in (("e2e-all", ("init", "teacher")), ("e2e-5x", ("teacher",))):  # as they were first served
+        record = served / name / "skipdecode.json"
+        meta = json.loads(record.read_text())
+        record.write_text(json.dumps({**meta, "config": {**meta["config"], **dict.fromkeys(names, "e2e-1x")}}))
     before = (served / "e2e-all" / "adapter_model.safetensors").read_bytes()
     shutil.copytree(adapters.find_adapter("e2e-1x").path, runs / "new-1x")
     script = _script()
