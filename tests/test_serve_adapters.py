@@ -61,7 +61,6 @@ def test_a_run_that_replaces_its_own_start_names_it_by_commit(tmp_path):
     assert f"Started from the adapter `e2e-5x@{script._head()}`" in (served / "e2e-5x" / "README.md").read_text()
 
 
-
 def test_adapters_served_earlier_name_a_replaced_ancestor_by_commit(tmp_path):
     """A new e2e-1x served beside e2e-all, whose init and teacher was the old one, and e2e-5x (teacher)."""
     runs, served = tmp_path / "runs", tmp_path / "adapters"
