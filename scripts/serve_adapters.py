@@ -22,10 +22,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from skipdecode.adapters import WEIGHTS, adapters_dir, weights_digest
-from skipdecode.train import finish_adapter
+from skipdecode.adapters import RECORD, WEIGHTS, adapters_dir, weights_digest, write_record
+from skipdecode.train import finish_adapter, write_card
 
-FILES = ("adapter_config.json", WEIGHTS, "skipdecode.json")
+FILES = ("adapter_config.json", WEIGHTS, RECORD)
 
 
 def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Path]:
@@ -42,12 +42,12 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         dest.mkdir(parents=True)
         for file in FILES:
             shutil.copy2(Path(run) / file, dest / file)
-        meta = json.loads((dest / "skipdecode.json").read_text())
+        meta = json.loads((dest / RECORD).read_text())
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)
             if ancestor:  # a run being served now, the adapter being replaced (by name or by its run's path)
                 meta["config"][key] = _served_name(ancestor, names, replaced, served_now)
-        (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
+        write_record(dest, meta)
         finish_adapter(dest)
         served.append(dest)
     _rename_replaced_ancestors(folder, served, replaced)
@@ -58,14 +58,14 @@ def _rename_replaced_ancestors(folder: Path, served: list[Path], replaced: dict)
     """Adapters served earlier that started or learned from one this call replaced name it by commit from now
     on (e2e-all's teacher `e2e-1x` becomes `e2e-1x@COMMIT` when a new e2e-1x is served): the name alone would
     now point at weights they never saw."""
-    for other in sorted(p for p in folder.iterdir() if (p / "skipdecode.json").is_file() and p not in served):
-        meta = json.loads((other / "skipdecode.json").read_text())
+    for other in sorted(p for p in folder.iterdir() if (p / RECORD).is_file() and p not in served):
+        meta = json.loads((other / RECORD).read_text())
         renamed = {key: replaced[meta["config"][key]] for key in ("init", "teacher")
                    if meta["config"].get(key) in replaced}
         if renamed:
             meta["config"].update(renamed)
-            (other / "skipdecode.json").write_text(json.dumps(meta, indent=1))
-            finish_adapter(other)
+            write_record(other, meta)
+            write_card(other)  # the record changed, not the weights
 
 
 def _served_name(ancestor: str, names: dict, replaced: dict, served_now: dict) -> str:

@@ -18,6 +18,7 @@ from .schedule import SPREAD
 ADAPTERS_ENV = "SKIPDECODE_ADAPTERS"
 NONE = ("none", "base", "")  # names that mean: no adapter
 WEIGHTS = "adapter_model.safetensors"  # peft's weights file in every adapter folder
+RECORD = "skipdecode.json"  # what skipdecode knows of an adapter: base model, speedups, training record
 
 
 @dataclass(frozen=True)
@@ -54,18 +55,23 @@ def adapters_dir() -> Path:
 
 
 def read_adapter(path: Path) -> AdapterInfo:
-    meta_file = path / "skipdecode.json"
+    meta_file = path / RECORD
     if not (path / "adapter_config.json").exists() or not meta_file.exists():
         raise ValueError(f"{path} is not a skipdecode adapter (needs adapter_config.json and skipdecode.json)")
     meta = json.loads(meta_file.read_text())
     return AdapterInfo(path.name, path, tuple(float(s) for s in meta["speedups"]), meta["base_model"], meta)
 
 
+def write_record(path: Path, meta: dict) -> None:
+    """Write an adapter's record (`read_adapter` reads it back as `AdapterInfo.meta`)."""
+    (Path(path) / RECORD).write_text(json.dumps(meta, indent=1))
+
+
 def available_adapters(folder: Path | None = None) -> list[AdapterInfo]:
     folder = folder or adapters_dir()
     if not folder.is_dir():
         return []
-    return [read_adapter(p) for p in sorted(folder.iterdir()) if (p / "skipdecode.json").exists()]
+    return [read_adapter(p) for p in sorted(folder.iterdir()) if (p / RECORD).exists()]
 
 
 def find_adapter(name_or_path: str | os.PathLike) -> AdapterInfo:

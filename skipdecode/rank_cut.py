@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .adapters import WEIGHTS, read_adapter
+from .adapters import WEIGHTS, read_adapter, write_record
 
 
 def cut_pair(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -62,7 +62,7 @@ def cut_rank(source: str | Path, dest: str | Path, rank: int) -> dict:
     meta = dict(info.meta)
     meta["config"] = {**meta.get("config", {}), "rank": rank, "alpha": alpha}
     meta["rank_cut"] = kept
-    (dest / "skipdecode.json").write_text(json.dumps(meta, indent=1))
+    write_record(dest, meta)
     if "steps" in meta and "train_minutes" in meta:  # a `skipdecode train` record: its card, rewritten
         finish_adapter(dest)
     return kept

@@ -595,10 +595,12 @@ def train(config: TrainConfig) -> dict:
 
 
 def save_adapter(peft_model, out: Path, summary: dict) -> None:
+    from .adapters import write_record
+
     # LoRA on linear layers only, the vocabulary never resized: peft's "auto" check of the embedding
     # layers would ask the Hub for the base model's config.json (a failed lookup offline).
     peft_model.save_pretrained(out, save_embedding_layers=False)
-    (out / "skipdecode.json").write_text(json.dumps(summary, indent=1))
+    write_record(out, summary)
     finish_adapter(out)
 
 
@@ -633,18 +635,32 @@ def finish_adapter(folder: Path) -> None:
     id rather than a local cache path, and a model card that says what it is instead of peft's template."""
     from safetensors.torch import load_file, save_file
 
-    from .adapters import WEIGHTS
-    from .data import INSTRUCTION
-    from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
+    from .adapters import WEIGHTS, read_adapter
 
     folder = Path(folder)
     weights = folder / WEIGHTS
     save_file({k: v.half() for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
-    meta = json.loads((folder / "skipdecode.json").read_text())
-    base = DEFAULT_HUB_ID if meta["base_model"] == DEFAULT_MODEL else meta["base_model"]
     config_file = folder / "adapter_config.json"
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": base},
-                                      indent=2))
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path":
+                                       _public_base(read_adapter(folder).base_model)}, indent=2))
+    write_card(folder)
+
+
+def _public_base(base_model: str) -> str:
+    from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
+
+    return DEFAULT_HUB_ID if base_model == DEFAULT_MODEL else base_model
+
+
+def write_card(folder: Path) -> None:
+    """The model card (README.md) from the adapter's record; written again alone when only the record
+    changed (a served adapter whose init or teacher was replaced), leaving the weights untouched."""
+    from .adapters import read_adapter
+    from .data import INSTRUCTION
+
+    folder = Path(folder)
+    meta = read_adapter(folder).meta
+    base = _public_base(meta["base_model"])
     c = meta["config"]
     speedups = ", ".join(f"{s:g}x" for s in meta["speedups"])
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
