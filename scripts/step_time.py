@@ -7,7 +7,9 @@ does some small work per layer. This times, on the real weights, each kind of ma
 it, so the weights stream from memory as in decoding) in three layouts: the engine's oneDNN-packed one,
 the weight stored [in, out] (`x @ W^T`) and plain `F.linear`; the LM head; one layer with its products
 replaced by ready-made outputs (norms, RoPE, cache writes, attention, residuals: the per-layer overhead);
-and a whole engine step. Best of 20 runs each, in one process.
+and a whole engine step. Best of 20 runs each, in one process; then the step's own products in its order
+(layer by layer, then the head) with nothing between them, timed like the step (median of 30): what a
+step cannot beat with these kernels.
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ from skipdecode.transformer import Linear
 
 KINDS = ("qkv", "out", "up", "down")
 PROMPT = "name[The Cricketers], eatType[coffee shop], food[Chinese], near[Express by Holiday Inn]"
+
+
+def median_s(fn, runs: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
 
 
 def best_s(fn, runs: int = 20) -> float:
@@ -101,6 +113,10 @@ def main() -> None:
             Linear.__call__ = real_call
         say(f"| one layer without its products | | | | | {rest_us / 1000:.3f} ({rest_us:.0f} us) |")
 
+        # the products alone, in a step's order (linears: layer by layer, then the head), timed as the step is
+        inputs = {n: torch.randn(1, 1, n) for n in {lin.weight.shape[1] for lin in linears}}
+        in_order_ms = median_s(lambda: [lin(inputs[lin.weight.shape[1]]) for lin in linears]) * 1000
+
         engine.generate([PROMPT], max_new_tokens=8, stop_at_eos=False)
         steps = []
         for _ in range(3):
@@ -114,6 +130,8 @@ def main() -> None:
         f"48 new tokens x 3): {step_ms:.1f} ms")
     say(f"step / floor: {step_ms / floor_ms:.2f}; products and LM head alone / floor: "
         f"{(products_ms + head_s * 1000) / floor_ms:.2f}")
+    say(f"the step's {len(linears)} products in its order, nothing between them (median of 30): {in_order_ms:.1f} ms, "
+        f"{in_order_ms / floor_ms:.2f} x the floor; the step is {step_ms / in_order_ms:.2f} x that")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
