@@ -17,12 +17,12 @@ adapter already served that named the replaced one.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 from pathlib import Path
 
-from skipdecode.adapters import RECORD, WEIGHTS, adapters_dir, weights_digest, write_record
+from skipdecode.adapters import (RECORD, WEIGHTS, adapters_dir, available_adapters, read_adapter, weights_digest,
+                                 write_record)
 from skipdecode.train import finish_adapter, write_card
 
 FILES = ("adapter_config.json", WEIGHTS, RECORD)
@@ -42,7 +42,7 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
         dest.mkdir(parents=True)
         for file in FILES:
             shutil.copy2(Path(run) / file, dest / file)
-        meta = json.loads((dest / RECORD).read_text())
+        meta = read_adapter(dest).meta
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)
             if ancestor:  # a run being served now, the adapter being replaced (by name or by its run's path)
@@ -58,14 +58,14 @@ def _rename_replaced_ancestors(folder: Path, served: list[Path], replaced: dict)
     """Adapters served earlier that started or learned from one this call replaced name it by commit from now
     on (e2e-all's teacher `e2e-1x` becomes `e2e-1x@COMMIT` when a new e2e-1x is served): the name alone would
     now point at weights they never saw."""
-    for other in sorted(p for p in folder.iterdir() if (p / RECORD).is_file() and p not in served):
-        meta = json.loads((other / RECORD).read_text())
+    for other in (info for info in available_adapters(folder) if info.path not in served):
+        meta = other.meta
         renamed = {key: replaced[meta["config"][key]] for key in ("init", "teacher")
                    if meta["config"].get(key) in replaced}
         if renamed:
             meta["config"].update(renamed)
-            write_record(other, meta)
-            write_card(other)  # the record changed, not the weights
+            write_record(other.path, meta)
+            write_card(other.path)  # the record changed, not the weights
 
 
 def _served_name(ancestor: str, names: dict, replaced: dict, served_now: dict) -> str:
@@ -96,7 +96,7 @@ def main() -> None:
     pairs = []
     for pair in args.pairs:
         run, sep, name = pair.partition("=")
-        if not sep or not name or not (Path(run) / "skipdecode.json").exists():
+        if not sep or not name or not (Path(run) / RECORD).exists():
             parser.error(f"{pair!r}: expected RUN=NAME, RUN a trained adapter folder")
         pairs.append((Path(run), name))
     for dest in serve(pairs):

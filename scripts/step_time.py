@@ -29,24 +29,23 @@ KINDS = ("qkv", "out", "up", "down")
 PROMPT = "name[The Cricketers], eatType[coffee shop], food[Chinese], near[Express by Holiday Inn]"
 
 
-def median_s(fn, runs: int = 30) -> float:
+def run_times(fn, runs: int) -> list[float]:
+    """Seconds of each of `runs` calls of fn, after one call not counted."""
     fn()
     times = []
     for _ in range(runs):
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
-    return sorted(times)[len(times) // 2]
+    return times
 
 
 def best_s(fn, runs: int = 20) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return best
+    return min(run_times(fn, runs))
+
+
+def median_s(fn, runs: int = 30) -> float:
+    return sorted(run_times(fn, runs))[runs // 2]
 
 
 def main() -> None:
