@@ -31,6 +31,8 @@ from .studio import AUTO, Settings, Studio, shown
 TEXT_EVERY_S = 0.5
 PLOT_EVERY_S = 0.75
 DECODINGS = ("greedy", "sampling", "beam search")
+KV_FIRST = ("**Run a comparison on the Compare tab first**, then come back: this view shows which "
+            "positions each layer of that run holds in its KV cache.")
 INTERNAL_ERROR = ("Something went wrong on the server while running this request; it has been logged. "
                   "Please try again, or change the input or the model.")
 MESSAGE_CHARS = 400  # an error message longer than this is cut
@@ -162,8 +164,8 @@ class Callbacks:
 
     # ---- KV cache ---------------------------------------------------------------------------
     def kv_cache(self, comparison):
-        if comparison is None:
-            raise gr.Error("Run a comparison on the Compare tab first; this view explains its KV cache.")
+        if comparison is None:  # guidance, not an error: the visitor did nothing wrong
+            return plots.empty_figure("No comparison yet"), KV_FIRST
         with user_errors():
             exits = self.studio.exit_layers(comparison)
         panels = views.cache_panels(comparison, exits)

@@ -188,7 +188,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                 with gr.Row():
                     kv_button = gr.Button("Show the KV cache of the last run", variant="primary", scale=0,
                                           min_width=320, elem_id="sd-kv-run")
-                kv_note = gr.Markdown()
+                kv_note = gr.Markdown(elem_id="sd-kv-note")
                 kv_plot = gr.Plot(show_label=False, elem_id="sd-kv-plot")
 
             # ---- Results ------------------------------------------------------------------------

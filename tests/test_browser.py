@@ -59,6 +59,32 @@ def screenshot(target, name: str) -> None:
         target.screenshot(path=str(SHOTS / name))
 
 
+def errors_shown(page) -> list[str]:
+    """What the page shows as an error: toasts of the error kind and "Error" badges on components."""
+    page.wait_for_timeout(1500)  # a toast or badge appears after the event's answer
+    toasts = page.locator(".toast-body.error")
+    badges = page.get_by_text(re.compile(r"^\s*Error\s*$"))
+    return [toasts.nth(i).inner_text() for i in range(toasts.count())] + \
+        [badges.nth(i).inner_text() for i in range(badges.count()) if badges.nth(i).is_visible()]
+
+
+def test_a_first_visit_to_every_tab_shows_guidance_not_errors(page):
+    """Before any comparison (this module's first test): each tab opens, and the KV cache button says what
+    to do, in the tab, with no error toast or badge; nothing the visitor did was wrong."""
+    for tab in ("Batch", "KV cache", "Results", "Compare"):
+        page.get_by_role("tab", name=tab).click()
+        assert errors_shown(page) == [], tab
+        if tab == "KV cache":
+            page.click("#sd-kv-run")
+            page.wait_for_selector("#sd-kv-plot .js-plotly-plot", timeout=30_000)
+            assert errors_shown(page) == []
+            assert "Run a comparison on the Compare tab first" in page.locator("#sd-kv-note").inner_text()
+            assert "No comparison yet" in page.locator("#sd-kv-plot").inner_text()
+        if tab == "Results":
+            page.get_by_role("button", name="Reload results").click()
+            assert errors_shown(page) == []
+
+
 def test_run_streams_both_outputs_and_draws_every_plot(page):
     page.fill("#sd-prompt textarea", PROMPT)
     tokens = page.locator("#sd-max-new-tokens input[type=number]")
