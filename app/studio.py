@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from skipdecode import quality
+from skipdecode.evaluation import quality
 from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_speedup,
                                  trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
