@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
-from conftest import tiny_checkpoint
+from conftest import tiny_adapter, tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "skipdecode"
@@ -142,21 +140,6 @@ print(json.dumps({"adapter": info and info.name, "why": why, "merged": engine.ad
                   "horizon": schedule.horizon, "tokens": len(result.token_ids[0]),
                   "layers": result.trace.average_layers, "modules": sorted(sys.modules)}))
 """
-
-
-def tiny_adapter(folder: Path, base: Path, speedups=(2.0,), horizon: int = 12) -> Path:
-    """A random rank-2 LoRA adapter of `base` with the record `skipdecode train` writes."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(1)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    model.save_pretrained(folder)
-    (folder / "skipdecode.json").write_text(json.dumps({
-        "base_model": str(base), "speedups": list(speedups), "task": "e2e",
-        "config": {"horizon": horizon, "warmup_layers": 1, "decay": "linear", "mode": "skip", "spread": 1.0}}))
-    return folder
 
 
 def test_decoding_with_an_adapter_loads_no_training_or_evaluation_code(tmp_path):
