@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import gradio as gr
 import pandas as pd
 
-from skipdecode.bench import speed_figure
+from skipdecode.evaluation.bench import speed_figure
 from skipdecode.schedule import max_speedup
 
 from . import plots, views

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from skipdecode.data import default_dir, e2e_prompt, read_items
+from skipdecode.evaluation.data import default_dir, e2e_prompt, read_items
 
 EXAMPLES_FILE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "examples.json"
 E2E_TEST_FILE = "testset_w_refs.csv"

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from skipdecode import quality
+from skipdecode.evaluation import quality
 from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_speedup,
                                  trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
@@ -333,8 +333,9 @@ class Studio:
         return self.pick(label, speedup, prompt)[0]
 
     def pick(self, label: str | None = None, speedup: float | None = None,
-             prompt: str | None = None) -> tuple[ModelChoice, str]:
-        """`choice`, and why it was picked, in words the page shows."""
+             prompt: str | None = None, kind: str | None = None) -> tuple[ModelChoice, str]:
+        """`choice`, and why it was picked, in words the page shows. `kind`: the router's verdict on the
+        prompt when the request has it already (`kind_of`), so that one request routes its prompt once."""
         if not label:
             return self.base, "chosen"
         choice = next((m for m in self.models if m.label == label), None)
@@ -344,7 +345,7 @@ class Studio:
             return choice, "chosen"
         target = _number("speedup", speedup or 1.0)
         try:
-            picked, why = pick_adapter(target, self.base.model, prompt)
+            picked, why = pick_adapter(target, self.base.model, prompt, kind)
         except (ValueError, KeyError, TypeError, OSError) as error:  # the folder changed under us
             log.warning("auto could not read the adapters folder, using the base model: %s", error)
             picked, why = None, "base model: the adapters folder could not be read"
@@ -432,30 +433,34 @@ class Studio:
             raise ValueError(f"max new tokens must be between 1 and {self.limits.max_new_tokens}; got {n}")
         return prompt, n
 
-    def _check(self, engine: Engine, prompt, max_new_tokens) -> tuple[str, int]:
-        prompt, n = self._check_text(prompt, max_new_tokens)
-        tokens = len(engine.encode(prompt))
-        if tokens > self.limits.max_prompt_tokens:
-            raise ValueError(f"the prompt is {tokens:,} tokens long; this app takes at most "
+    def _encode(self, engine: Engine, prompt: str) -> list[int]:
+        """The checked prompt's token ids, encoded once for the whole request: both sides decode them (every
+        model the studio serves is the base model or an adapter of it, with the base model's tokenizer)."""
+        ids = engine.encode(prompt)
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise ValueError(f"the prompt is {len(ids):,} tokens long; this app takes at most "
                              f"{self.limits.max_prompt_tokens:,} prompt tokens (the model's context is "
                              f"{engine.decoder.max_positions:,} tokens)")
-        return prompt, n
+        return ids
 
     def compare(self, prompt: str, settings: Settings, model: str | None = None) -> Iterator[Comparison]:
-        """Yields the comparison after every position of either run, then once more with quality scores."""
-        prompt, _ = self._check_text(prompt, settings.max_new_tokens)
+        """Yields the comparison after every position of either run, then once more with quality scores.
+        The prompt is checked, routed and encoded once; both sides' models follow that one route and
+        decode those ids."""
+        prompt, n = self._check_text(prompt, settings.max_new_tokens)
         beam = settings.search(self.limits)  # checked before any model is loaded for the request
-        choice, engine, schedule, sampling, why = self._setup(settings, model, prompt)
-        prompt, n = self._check(engine, prompt, settings.max_new_tokens)
-        full_choice, full_why = self.reference(model, prompt, choice, why)
+        kind = kind_of(prompt)
+        choice, engine, schedule, sampling, why = self._setup(settings, model, prompt, kind)
+        ids = self._encode(engine, prompt)
+        full_choice, full_why = self.reference(model, prompt, choice, why, kind)
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
                                 why=(why, full_why), dtypes=(dtype_name(engine.decoder.dtype),
                                                              dtype_name(full_engine.decoder.dtype)),
                                 decoding=decoding_name(sampling, beam))
-        skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling, beam=beam),
-                                                   Job(full_engine, prompt, None, n, sampling, beam=beam)])
+        skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
+                                                   Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:
             for comparison.skip, comparison.full in follow([skip, full]):
                 yield comparison
@@ -465,11 +470,11 @@ class Studio:
         yield comparison
 
     def reference(self, model: str | None, prompt: str | None, choice: ModelChoice,
-                  why: str) -> tuple[ModelChoice, str]:
+                  why: str, kind: str | None = None) -> tuple[ModelChoice, str]:
         """The model full decoding runs beside SkipDecode, and why. "auto" compares like the paper: the
         adapter made for the speedup against the one made for full depth (for an E2E MR the fine-tuned 1x
         baseline; for any other prompt the base model itself); a chosen model runs both."""
-        return self.pick(AUTO, 1.0, prompt) if model == AUTO else (choice, why)
+        return self.pick(AUTO, 1.0, prompt, kind) if model == AUTO else (choice, why)
 
     def score(self, engine: Engine, comparison: Comparison) -> dict:
         """Quality of the SkipDecode output against the full one (and the references, for E2E items);
@@ -496,28 +501,31 @@ class Studio:
             return quality.exit_layers(engine.model, full.prompt_ids, full.token_ids[:limit])
 
     # ---- Batch ------------------------------------------------------------------------------
-    def check_batch(self, engine: Engine, prompts: list[str], max_new_tokens) -> tuple[list[str], int]:
+    def check_batch(self, engine: Engine, prompts: list[str],
+                    max_new_tokens) -> tuple[list[str], list[list[int]], int]:
+        """(the prompts, checked; their token ids, encoded once; max new tokens)."""
         prompts = [p for p in (prompts or []) if isinstance(p, str) and p.strip()]
         if not prompts:
             raise ValueError("enter at least one prompt, one per line")
         if len(prompts) > self.limits.max_batch_prompts:
             raise ValueError(f"at most {self.limits.max_batch_prompts} prompts in a batch; got {len(prompts)}")
-        checked = [self._check(engine, p, max_new_tokens) for p in prompts]
-        return [p for p, _ in checked], checked[0][1]
+        checked = [self._check_text(p, max_new_tokens) for p in prompts]
+        prompts = [p for p, _ in checked]
+        return prompts, [self._encode(engine, p) for p in prompts], checked[0][1]
 
-    def _setup(self, settings: Settings, model: str | None,
-               prompt: str | None = None) -> tuple[ModelChoice, Engine, Schedule, Sampling, str]:
-        choice, why, settings = self.resolve(settings, model, prompt)
+    def _setup(self, settings: Settings, model: str | None, prompt: str | None = None,
+               kind: str | None = None) -> tuple[ModelChoice, Engine, Schedule, Sampling, str]:
+        choice, why, settings = self.resolve(settings, model, prompt, kind)
         sampling = settings.sampler(self.limits)
         engine = self.engine(choice)
         schedule = settings.schedule(engine.num_layers, choice.horizon, self.limits, choice.spread)
         return choice, engine, schedule, sampling, why
 
-    def resolve(self, settings: Settings, model: str | None,
-                prompt: str | None = None) -> tuple[ModelChoice, str, Settings]:
+    def resolve(self, settings: Settings, model: str | None, prompt: str | None = None,
+                kind: str | None = None) -> tuple[ModelChoice, str, Settings]:
         """The model that runs these settings for this prompt, why (`pick`), and the settings it runs
         (`run_settings`): what a run and the schedule preview both use, before any engine is loaded."""
-        choice, why = self.pick(model, settings.speedup, prompt)
+        choice, why = self.pick(model, settings.speedup, prompt, kind)
         return choice, why, self.run_settings(settings, model, choice)
 
     @staticmethod
@@ -532,13 +540,14 @@ class Studio:
         """The prompts as one SkipDecode batch, and as one full-decoding batch on the model `compare` would
         run beside it (routed by the first prompt: a batch runs one model on each side)."""
         first = _one_prompt(prompts)
-        choice, engine, schedule, sampling, why = self._setup(settings, model, first)
-        prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
-        full_choice, full_why = self.reference(model, first, choice, why)
+        kind = kind_of(first)
+        choice, engine, schedule, sampling, why = self._setup(settings, model, first, kind)
+        prompts, ids, n = self.check_batch(engine, prompts, settings.max_new_tokens)
+        full_choice, full_why = self.reference(model, first, choice, why, kind)
         full_engine = self.engine(full_choice)
         run = BatchRun(prompts, schedule, engine.num_layers, (choice.label, full_choice.label), (why, full_why))
-        jobs = ([Job(engine, p, schedule, n, sampling) for p in prompts]
-                + [Job(full_engine, p, None, n, sampling) for p in prompts])
+        jobs = ([Job(engine, p, schedule, n, sampling) for p in ids]
+                + [Job(full_engine, p, None, n, sampling) for p in ids])
         tickets = self.batcher.submit_together(jobs)
         try:
             for updates in follow(tickets):
@@ -555,13 +564,13 @@ class Studio:
         every row decodes the same number of tokens).
         The sizes run one after another within one time limit for the whole measurement."""
         choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))
-        prompts, n = self.check_batch(engine, prompts, settings.max_new_tokens)
+        _, ids, n = self.check_batch(engine, prompts, settings.max_new_tokens)
         deadline = time.monotonic() + self.limits.time_limit_s
         rows = []
         for size in sizes:
             if size > self.limits.max_batch_prompts:
                 break
-            batch = [prompts[i % len(prompts)] for i in range(size)]
+            batch = [ids[i % len(ids)] for i in range(size)]
             jobs = ([Job(engine, p, schedule, n, sampling, stop_at_eos=False) for p in batch]
                     + [Job(engine, p, None, n, sampling, stop_at_eos=False) for p in batch])
             left = deadline - time.monotonic()
@@ -575,6 +584,12 @@ class Studio:
                              "tokens_per_s": round(update.trace.decode_tokens_per_s, 2),
                              "ms_per_step": round(update.trace.decode_ms / max(len(update.trace.steps), 1), 3)})
         return pd.DataFrame(rows)
+
+
+def kind_of(prompt: str | None) -> str | None:
+    """The router's verdict on a request's prompt, taken once and handed to every pick the request makes
+    (None without a prompt: `pick_adapter` then means the E2E task)."""
+    return None if prompt is None else route(prompt).kind
 
 
 def _one_prompt(prompts) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from skipdecode.rank_cut import cut_rank
+from skipdecode.training.rank_cut import cut_rank
 
 
 def main() -> None:

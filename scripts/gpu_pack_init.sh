@@ -4,7 +4,7 @@
 #   bash scripts/gpu_pack_init.sh checkpoints/runs/general-3x-N64s300
 # writes the ignored .gpu-init/1/ (the first half of the weights, the adapter's json files, their sha256)
 # and .gpu-init/2/ (the second half), and prints the two calls that join them on the warm machine, one
-# carrying each folder, after the GGUF's pieces and before the `general` call (docs/general-adapters.md).
+# carrying each folder, after the GGUF's pieces and before the `general` call (docs/research/general-adapters.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:?usage: gpu_pack_init.sh ADAPTER_FOLDER}

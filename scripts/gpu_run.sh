@@ -3,7 +3,7 @@
 #   bash scripts/gpu_run.sh [wheels|quick|tests|bench|capture|real|general [RUNS]|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
 #   costs, graphs captured, against the next ones; real: the bench on the real weights, see below;
-#   general [RUNS]: issue 21's candidates on the real weights, RUNS their list, docs/general-adapters.md)
+#   general [RUNS]: issue 21's candidates on the real weights, RUNS their list, docs/research/general-adapters.md)
 # It needs, in the ignored folder .gpu/ (made on the developer's machine by scripts/gpu_pack.sh, carried
 # with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
@@ -99,7 +99,7 @@ print("kept steps:", [(s.batch, s.width) for s in engine._steps.free.values()],
 PY
 fi
 if [[ $what == general ]]; then
-  # Issue 21's candidates (docs/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
+  # Issue 21's candidates (docs/research/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
   # GPU's "auto"): one run a line of the file $2 (default scripts/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
   # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/, or come from an
   # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the general runs started above it. A line with
@@ -134,7 +134,8 @@ if [[ $what == general ]]; then
     # batch 64, the answer cache's chunk: 28 prompts a second on an H200 (session 32; 23 at batch 16)
     python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/logs/targets.txt"
 import sys, time
-from skipdecode.general import training_examples, MAX_PROMPT_TOKENS
+from skipdecode.evaluation.general import MAX_PROMPT_TOKENS
+from skipdecode.training.targets import training_examples
 from skipdecode.models import load_model
 started = time.perf_counter()
 train, val = training_examples(load_model(None, device="cpu", dtype="float32").tokenizer, None, None,

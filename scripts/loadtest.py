@@ -48,7 +48,7 @@ class Outcome:
 
 def prompts(count: int) -> list[str]:
     """Distinct E2E test-set prompts (so a mixed-up answer cannot pass for the right one)."""
-    from skipdecode.data import read_items, resolve
+    from skipdecode.evaluation.data import read_items, resolve
 
     items = read_items(resolve(None, "testset_w_refs.csv"))
     if len(items) < count:

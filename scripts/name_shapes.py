@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from skipdecode.data import Item
-from skipdecode.evaluate import names_copied
+from skipdecode.evaluation.data import Item
+from skipdecode.evaluation.evaluate import names_copied
 
 SHAPES = ("The N", "A N", "The A N", "N and N", "other")
 

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from skipdecode.engine import Engine
-from skipdecode.general import answer, score, validation_prompts
+from skipdecode.evaluation.general import answer, score, validation_prompts
 
 
 def main() -> int:

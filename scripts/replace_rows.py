@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from skipdecode.evaluate import write_frame
+from skipdecode.evaluation.runs import write_frame
 
 
 def _read(prefix: Path) -> tuple[pd.DataFrame, list[dict]]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from skipdecode.evaluate import add_made_up_names, load_items, score, write_frame
+from skipdecode.evaluation.evaluate import add_made_up_names, load_items, score
+from skipdecode.evaluation.runs import write_frame
 
 
 def rescore(prefix: Path, split: str = "test", made_up_names: bool = False) -> pd.DataFrame:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from skipdecode.adapters import (RECORD, WEIGHTS, adapters_dir, available_adapters, read_adapter, weights_digest,
                                  write_record)
-from skipdecode.train import finish_adapter, write_card
+from skipdecode.training.train import finish_adapter, write_card
 
 FILES = ("adapter_config.json", WEIGHTS, RECORD)
 

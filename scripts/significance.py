@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sacrebleu.metrics import BLEU  # noqa: E402
 from sacrebleu.significance import PairedTest  # noqa: E402
 
-from skipdecode.data import VALIDATION_SHARE  # noqa: E402
-from skipdecode.evaluate import add_made_up_names, load_items, reference_streams  # noqa: E402
+from skipdecode.evaluation.data import VALIDATION_SHARE  # noqa: E402
+from skipdecode.evaluation.evaluate import add_made_up_names, load_items, reference_streams  # noqa: E402
 
 
 def paired_bootstrap(outputs: Path, base: str, other: str, split: str = "test", share: float = VALIDATION_SHARE,

@@ -15,8 +15,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from skipdecode.data import Item
-from skipdecode.evaluate import slot_misses
+from skipdecode.evaluation.data import Item
+from skipdecode.evaluation.evaluate import slot_misses
 
 
 def misses(lines: list[dict]) -> dict[str, Counter]:

@@ -6,7 +6,7 @@ The targets are the full-depth base model's greedy answers, cached by `skipdecod
 in --checkpoint-dir. For the training prompts among them (the held-out ones are left out) this prints the
 repetition measure of `eval --prompts` (the share of word 3-grams said before) over the whole answer and
 over its first 96 tokens (what eval reads), how many answers end with the end token, and, cut with
-`general.cut_at_loop`, how many are cut and how long they are before and after.
+`targets.cut_at_loop`, how many are cut and how long they are before and after.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import argparse
 import json
 import statistics
 
-from skipdecode import general
+from skipdecode.evaluation import general
 from skipdecode.models import load_model
+from skipdecode.training import targets
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     text = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
     whole = [general.repetition(text(t)) for t in ids]
     first = [general.repetition(text(t[:general.EVAL_TOKENS])) for t in ids]
-    cut = [general.cut_at_loop(t, args.n) for t in ids]
+    cut = [targets.cut_at_loop(t, args.n) for t in ids]
     kept = [general.repetition(text(t)) for t in cut]
     ended = sum(1 for t in ids if t and t[-1] == tokenizer.eos_token_id)
     print(f"{len(rows)} training targets of {args.targets}")

@@ -120,7 +120,7 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
     range holds it, else the base model: never an E2E adapter.
     At a speedup the picked adapter was not trained for, the app and `generate` decode at the speedup
     `run_speedup` gives (the reason says so): at 4x the served E2E adapters score BLEU 14-18 (devset and
-    test set, docs/e2e-train-split.md), at their own speedups 64-65. `eval` scores the speedup asked.
+    test set, docs/research/e2e-train-split.md), at their own speedups 64-65. `eval` scores the speedup asked.
     `speedup` None means hand-set budgets: a one-for-all adapter of the task. `task` ("e2e" or "general")
     stands for the router's verdict where the kind is known without a prompt (`eval --prompts`)."""
     from .models import DEFAULT_MODEL
@@ -176,7 +176,7 @@ def run_speedup(info, speedup: float | None) -> float | None:
     an app's model choice) when `speedup` is asked for: the nearest one it was trained for (between two,
     the lower: more layers); as asked without an adapter or for hand-set budgets (None). A constant-budget
     adapter learns its own layer sets, not skipping in general, so between its speedups it falls apart
-    (docs/e2e-train-split.md, 4x)."""
+    (docs/research/e2e-train-split.md, 4x)."""
     if info is None or not info.speedups or speedup is None or speedup in info.speedups:
         return speedup
     return min(info.speedups, key=lambda s: (abs(s - speedup), s))
@@ -206,8 +206,7 @@ def trained_schedule(info: AdapterInfo | None, speedup: float, num_layers: int, 
     """The schedule `info` learned for `speedup`: its horizon, warm-up layers, decay, mode and spread
     (`horizon` and `warmup` override). An adapter decodes on the plan it was trained with, not on the
     defaults; full depth at 1x. Without an adapter: the E2E defaults."""
-    from .schedule import DEFAULT_WARMUP, Schedule, for_speedup
-    from .train import E2E_HORIZON
+    from .schedule import DEFAULT_WARMUP, E2E_HORIZON, Schedule, for_speedup
 
     if speedup == 1:
         return Schedule.full(num_layers)

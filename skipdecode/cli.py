@@ -1,4 +1,4 @@
-"""The `skipdecode` command line: generate, schedule (and the commands other modules register)."""
+"""The `skipdecode` command line: generate, schedule (and the commands that training and evaluation register)."""
 
 from __future__ import annotations
 
@@ -191,17 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands():
-    """Subcommands that live beside their code (train, eval, bench), registered if present."""
-    import importlib
+    """Subcommands that live beside their code (train, eval, bench), imported only when the parser is
+    built: the CLI is the top layer and may import every other."""
+    from .evaluation import bench, evaluate
+    from .training import train
 
-    for module in ("train", "evaluate", "bench"):
-        try:
-            mod = importlib.import_module(f".{module}", __package__)
-        except ModuleNotFoundError as error:
-            if error.name != f"{__package__}.{module}":
-                raise
-            continue
-        yield mod.register
+    return train.register, evaluate.register, bench.register
 
 
 def main(argv=None) -> int:

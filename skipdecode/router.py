@@ -4,7 +4,7 @@ The E2E adapters learned one task, a restaurant's slot[value] pairs -> one sente
 they shorten and bend the answer ("The sky is a place to buy a child friendly place."). So `adapter_for`
 asks the router first. A prompt is E2E when it carries
 
-- the E2E instruction (skipdecode.data.INSTRUCTION), or
+- the E2E instruction (INSTRUCTION, which every E2E prompt of the data and the app begins with), or
 - a comma-separated run of at least two slot[value] pairs with distinct slot names, one of them an E2E
   slot (name, eatType, food, priceRange, customer rating, area, familyFriendly, near), or
 - a run of at least three such pairs with other slot names of three letters or more (a meaning
@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 E2E, GENERAL = "e2e", "general"
+INSTRUCTION = "Write one sentence describing this restaurant, using every fact: "  # + the MR: an E2E prompt
 E2E_SLOTS = ("name", "eatType", "food", "priceRange", "customer rating", "area", "familyFriendly", "near")
 MAX_OTHER_WORDS = 12  # beside an MR of unusual slots: room for an instruction, not for a question about code
 PAIR = re.compile(r"([A-Za-z]+(?: [A-Za-z]+)*)\s*\[([^\[\]]*)\]")
@@ -38,8 +39,6 @@ class Route:
 
 def route(prompt: str | None) -> Route:
     """The kind of `prompt` and why."""
-    from .data import INSTRUCTION
-
     text = " ".join((prompt or "").split())
     if _normal(INSTRUCTION) in _normal(text):
         return Route(E2E, "the E2E instruction")

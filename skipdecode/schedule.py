@@ -18,6 +18,7 @@ DECAYS = ("linear", "power", "exponential", "cosine", "step")
 MODES = ("skip", "early_exit")
 DEFAULT_WARMUP = 2
 DEFAULT_HORIZON = 64
+E2E_HORIZON = 32  # E2E references average ~30 tokens with the end-of-turn token: the E2E adapters' horizon
 SPREAD = 1.5  # for_speedup starts from max budget = SPREAD x the target average, like the paper's wide decays
 POWER = 2.0  # power decay: (1 - x) ** POWER
 EXP_RATE = 4.0  # exponential decay: exp(-EXP_RATE x), rescaled to end at 0

@@ -1,4 +1,6 @@
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,4 +115,20 @@ def tiny_checkpoint(folder, layers: int = 6):
                 p.normal_(0.0, 0.15)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_adapter(folder, base, speedups=(2.0,), horizon: int = 12, task: str = "e2e"):
+    """A random rank-2 LoRA adapter of `base` with the record `skipdecode train` writes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(folder)
+    folder = Path(folder)
+    (folder / "skipdecode.json").write_text(json.dumps({
+        "base_model": str(base), "speedups": list(speedups), "task": task,
+        "config": {"horizon": horizon, "warmup_layers": 1, "decay": "linear", "mode": "skip", "spread": 1.0}}))
     return folder

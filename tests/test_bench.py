@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from skipdecode.bench import CostModel, agreement, goals, schedule_steps, speed_figure, trace_steps
+from skipdecode.evaluation.bench import CostModel, agreement, goals, schedule_steps, speed_figure, trace_steps
 from skipdecode.schedule import Schedule, for_speedup
 from skipdecode.trace import StepRecord, Trace
 
@@ -45,7 +45,7 @@ def test_bound_of_known_schedules():
 def test_peer_work_counts_the_copied_keys_and_values():
     trace = Trace(30, 2, 40, {})
     trace.steps.append(StepRecord(0, 30, tuple(range(30)), (), 1.0, 2))
-    from skipdecode.peers import ExitRecord
+    from skipdecode.evaluation.peers import ExitRecord
 
     trace.steps[0] = ExitRecord(0, 12, tuple(range(12)), tuple(range(12, 30)), 1.0, 2, exits=(5, 12))
     assert trace_steps(trace) == [[(5, 25, 1), (12, 18, 1)]]
@@ -76,7 +76,7 @@ def test_floor_is_the_bytes_a_step_reads_over_the_bandwidth():
 def test_read_bandwidth_is_bytes_over_seconds():
     import torch
 
-    from skipdecode.bench import read_bandwidth
+    from skipdecode.evaluation.bench import read_bandwidth
 
     assert read_bandwidth(torch.ones(1 << 16), repeats=2) > 0
 
@@ -179,7 +179,7 @@ def test_compiled_layers_give_the_same_tokens():
 
 
 def test_readme_section_is_replaced_and_the_rest_kept(tmp_path):
-    from skipdecode.bench import README_BEGIN, README_END, update_readme
+    from skipdecode.evaluation.bench import README_BEGIN, README_END, update_readme
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nintro\n{README_BEGIN}\nold table\n{README_END}\n\n## After\n")
@@ -207,7 +207,7 @@ def test_readme_section_is_replaced_and_the_rest_kept(tmp_path):
 def test_readme_option_defaults_to_the_table_file():
     import argparse
 
-    from skipdecode.bench import TABLE_FILE, register
+    from skipdecode.evaluation.bench import TABLE_FILE, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -218,7 +218,7 @@ def test_readme_option_defaults_to_the_table_file():
 
 
 def test_only_a_readme_run_writes_the_shipped_table_by_default(tmp_path):
-    from skipdecode.bench import DEFAULT_OUT, output_path
+    from skipdecode.evaluation.bench import DEFAULT_OUT, output_path
 
     assert output_path(None, "docs/speed.md") == str(DEFAULT_OUT) and DEFAULT_OUT.is_absolute()
     quick = output_path(None, None)

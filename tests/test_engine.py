@@ -195,7 +195,7 @@ def test_rope_is_transformers_rotation_exactly():
 
 def test_bfloat16_on_cpu_keeps_keys_and_values_in_float32():
     from skipdecode.cache import KVCache, cache_dtype
-    from skipdecode.peers import EarlyExit
+    from skipdecode.evaluation.peers import EarlyExit
 
     assert cache_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
     assert cache_dtype(torch.float32, torch.device("cpu")) == torch.float32

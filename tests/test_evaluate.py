@@ -11,9 +11,9 @@ import torch
 
 from conftest import tiny_model
 from skipdecode import adapters
-from skipdecode import data
-from skipdecode.data import Item, pairs, parse_mr, read_items, renamed_items, split_items
-from skipdecode.evaluate import check_held_out, human_scores, names_copied, score, slot_error_rate, slot_realized
+from skipdecode.evaluation import data
+from skipdecode.evaluation.data import Item, pairs, parse_mr, read_items, renamed_items, split_items
+from skipdecode.evaluation.evaluate import check_held_out, human_scores, names_copied, score, slot_error_rate, slot_realized
 
 ROOT = Path(__file__).resolve().parent.parent
 EAGLE = Item("name[The Eagle], eatType[coffee shop], food[French], area[riverside], familyFriendly[yes]",
@@ -302,7 +302,7 @@ def test_eval_command_json_rows(tmp_path, capsys):
 
 
 def test_no_untrained_leaves_out_only_the_untrained_row():
-    from skipdecode.evaluate import plan_rows
+    from skipdecode.evaluation.evaluate import plan_rows
 
     whole = plan_rows([1, 3], None, compare_adapters=False, untrained_skip=False)
     assert whole[0] == ("untrained", None, 1.0)
@@ -311,7 +311,7 @@ def test_no_untrained_leaves_out_only_the_untrained_row():
 
 def test_baseline_names_the_full_depth_rows_adapter():
     from skipdecode.adapters import find_adapter
-    from skipdecode.evaluate import plan_rows
+    from skipdecode.evaluation.evaluate import plan_rows
 
     one, five = find_adapter("e2e-1x"), find_adapter("e2e-5x")
     assert plan_rows([5], "e2e-5x", False, False, untrained=False) == [("fine-tuned", five, 1.0),
@@ -322,7 +322,7 @@ def test_baseline_names_the_full_depth_rows_adapter():
 
 
 def test_only_the_projects_own_full_runs_write_to_assets_results():
-    from skipdecode.evaluate import RESULTS_DIR, VALIDATION_DIR, default_prefix
+    from skipdecode.evaluation.evaluate import RESULTS_DIR, VALIDATION_DIR, default_prefix
 
     assert default_prefix() == RESULTS_DIR / "e2e"  # the official test split, every MR
     assert default_prefix(made_up_names=True) == RESULTS_DIR / "e2e-made-up-names"
@@ -341,7 +341,7 @@ def test_only_the_projects_own_full_runs_write_to_assets_results():
 def _eval_args(*argv):
     import argparse
 
-    from skipdecode import evaluate
+    from skipdecode.evaluation import evaluate
 
     parser = argparse.ArgumentParser()
     evaluate.register(parser.add_subparsers())
@@ -352,7 +352,7 @@ def _eval_args(*argv):
 def fake_eval(tmp_path, monkeypatch):
     """`skipdecode eval` with a stand-in for the model run (one row), an empty assets/results and the
     temporary folders made under tmp_path/tmp; the data is a two-MR CSV."""
-    from skipdecode import evaluate
+    from skipdecode.evaluation import evaluate
 
     def rows(data, speedups, **options):
         items = evaluate.load_items(data, options["split"], options["made_up_names"], options["limit"])
@@ -371,7 +371,7 @@ def fake_eval(tmp_path, monkeypatch):
 
 
 def test_an_eval_on_other_data_writes_to_a_fresh_temporary_folder_and_says_where(fake_eval, capsys):
-    from skipdecode.evaluate import _cmd_eval
+    from skipdecode.evaluation.evaluate import _cmd_eval
 
     assert _cmd_eval(_eval_args("--data", str(fake_eval / "other.csv"), "--speedups", "1")) == 0
     (folder,) = (fake_eval / "tmp").iterdir()
@@ -458,7 +458,7 @@ def test_rescore_adds_the_new_metrics_and_keeps_what_decoding_measured(tmp_path)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from rescore_e2e import rescore
 
-    from skipdecode.evaluate import load_items
+    from skipdecode.evaluation.evaluate import load_items
 
     items = load_items(None, "test", limit=3)
     outputs = [item.refs[0].upper() for item in items]

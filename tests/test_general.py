@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from conftest import IdTokenizer, tiny_checkpoint, tiny_model
-from skipdecode import adapters, evaluate, general
+from skipdecode import adapters
+from skipdecode.evaluation import evaluate, general, runs
 from skipdecode.engine import Engine
-from skipdecode.general import Answers, Plan
+from skipdecode.evaluation.general import Answers, Plan
+from skipdecode.training import targets
 
 POOL = general.prompts_dir() / general.POOL_FILE
 TOPICS = ["tides", "rainbows", "volcanoes", "bread", "bees", "glaciers", "comets", "tea", "maps", "bridges",
@@ -68,15 +70,15 @@ def test_validation_is_a_fixed_held_out_slice_that_training_never_sees(pool):
     assert set(validation) <= set(held) and validation == sorted(validation, key=general.prompt_hash)
     assert all(len(p.split()) <= general.MAX_PROMPT_TOKENS for p in validation)
     assert general.validation_prompts(tokenizer, count=5) == validation[:5]
-    train = general.training_prompts(tokenizer)
+    train = targets.training_prompts(tokenizer)
     assert not set(train) & set(held) and len(train) == len(pool) - len(held) - 2  # no long prompt, no MR
     assert pool[7] not in train and pool[8] not in train
-    assert general.training_prompts(tokenizer, limit=10) == train[:10]  # a larger --limit extends a smaller one
-    assert general.training_prompts(tokenizer, max_prompt_tokens=8) == [p for p in train if len(p.split()) <= 8]
+    assert targets.training_prompts(tokenizer, limit=10) == train[:10]  # a larger --limit extends a smaller one
+    assert targets.training_prompts(tokenizer, max_prompt_tokens=8) == [p for p in train if len(p.split()) <= 8]
     shuffled = pool[::-1] + pool[:5]  # another file's order, with repeats: the same prompts
     other = Path(general.prompts_dir()) / "other.txt"
     other.write_text("\n".join(p.replace("\n", " ") for p in shuffled))
-    assert general.training_prompts(tokenizer, other) == train
+    assert targets.training_prompts(tokenizer, other) == train
 
 
 @pytest.mark.skipif(not POOL.exists(), reason="the shared prompt pool is not on this machine")
@@ -84,7 +86,7 @@ def test_the_real_validation_set(engine):
     validation = general.validation_prompts(engine.tokenizer)
     assert len(validation) == general.VALIDATION_COUNT and all(map(general.held_out, validation))
     assert all(len(engine.encode(p)) <= general.MAX_PROMPT_TOKENS for p in validation)
-    assert not set(general.training_prompts(engine.tokenizer)) & set(validation)
+    assert not set(targets.training_prompts(engine.tokenizer)) & set(validation)
 
 
 # ---- scores -----------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def test_rows_pick_the_general_adapters_or_the_base_model(tmp_path, monkeypatch)
 
 
 def test_only_the_projects_validation_set_writes_to_assets_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(runs, "RESULTS_DIR", tmp_path / "results")
     monkeypatch.setattr(general.tempfile, "tempdir", str(tmp_path))
     results = tmp_path / "results"
     assert general.results_place("validation") == (results / "general", results / "general-outputs.jsonl")
@@ -235,22 +237,22 @@ def test_eval_prompts_command_smoke(tmp_path, cli):
 
 # ---- training ---------------------------------------------------------------------------------
 def test_full_depth_answers_are_cached_and_not_generated_again(engine, tmp_path, monkeypatch):
-    cache = general.targets_file(tmp_path, engine, 6)
+    cache = targets.targets_file(tmp_path, engine, 6)
     assert cache.name == "targets-SmolLM2-135M-Instruct-float32-6tokens.jsonl"
     prompts = ["Name a colour.", "Say hello.", "Name a colour."]
-    first = general.reference_answers(engine, prompts, 6, batch_size=2, cache=cache)
+    first = targets.reference_answers(engine, prompts, 6, batch_size=2, cache=cache)
     alone = engine.generate(["Say hello."], max_new_tokens=6).token_ids[0]
     assert first["Say hello."] == alone and len(cache.read_text().splitlines()) == 2  # each prompt once
     with open(cache, "a") as handle:
         handle.write('{"prompt": "cut sh')  # a run stopped mid-line
-    monkeypatch.setattr(general, "answer", lambda *a, **k: pytest.fail("generated again"))
-    assert general.reference_answers(engine, prompts[:2], 6, cache=cache) == {p: first[p] for p in prompts[:2]}
+    monkeypatch.setattr(targets, "answer", lambda *a, **k: pytest.fail("generated again"))
+    assert targets.reference_answers(engine, prompts[:2], 6, cache=cache) == {p: first[p] for p in prompts[:2]}
 
 
 def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache(pool, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from skipdecode import train as training
+    from skipdecode.training import train as training
 
     model = str(tiny_checkpoint(tmp_path / "tiny"))
 
@@ -273,7 +275,7 @@ def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache
     assert len(cached) == 8 and sum(map(general.held_out, cached)) == 4  # 4 to train on, 4 to validate on
 
     # a KL run (teacher: the base model) stopped after its step-1 checkpoint resumes without new answers
-    monkeypatch.setattr(general, "answer", lambda *a, **k: pytest.fail("targets generated again"))
+    monkeypatch.setattr(targets, "answer", lambda *a, **k: pytest.fail("targets generated again"))
     kd = dict(steps=2, distill=0.5, checkpoint_every=1)
     with monkeypatch.context() as patch:
         patch.setattr(training.shutil, "rmtree", lambda *a, **k: None)
@@ -289,26 +291,26 @@ def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache
         training.train(config("bad", task="e2e", cut_loops=8))
 
     # --cut-loops cuts the training targets (4 prompts), never the validation ones
-    cut, real_cut = [], general.cut_at_loop
-    monkeypatch.setattr(general, "cut_at_loop", lambda ids, n: cut.append(n) or real_cut(ids, n))
+    cut, real_cut = [], targets.cut_at_loop
+    monkeypatch.setattr(targets, "cut_at_loop", lambda ids, n: cut.append(n) or real_cut(ids, n))
     training.train(config("cut", steps=1, cut_loops=2))
     assert cut == [2] * 4
     assert "cut before the first run of 2 tokens" in (tmp_path / "cut" / "README.md").read_text()
 
 
 def test_a_target_is_cut_where_it_starts_to_loop():
-    assert general.cut_at_loop([1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], 3) == [1, 2, 3, 4, 5]
-    assert general.cut_at_loop([7, 7, 7, 7], 2) == [7]  # overlapping runs count
-    assert general.cut_at_loop([1, 2, 3, 1, 2, 4], 3) == [1, 2, 3, 1, 2, 4]  # a shorter repeat is kept
-    assert general.cut_at_loop([1, 2], 8) == [1, 2]
+    assert targets.cut_at_loop([1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], 3) == [1, 2, 3, 4, 5]
+    assert targets.cut_at_loop([7, 7, 7, 7], 2) == [7]  # overlapping runs count
+    assert targets.cut_at_loop([1, 2, 3, 1, 2, 4], 3) == [1, 2, 3, 1, 2, 4]  # a shorter repeat is kept
+    assert targets.cut_at_loop([1, 2], 8) == [1, 2]
 
 
 def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_models_kl(pool, tmp_path, monkeypatch):
     """`--on-policy 0.5`: every other batch the student decodes the prompts itself, and those steps' loss
     is the KL to the full-depth base model alone (no cross-entropy on its own answers); the teacher
     defaults to the base model, and the card says what was done."""
-    from skipdecode import onpolicy
-    from skipdecode import train as training
+    from skipdecode.training import onpolicy
+    from skipdecode.training import train as training
 
     model = str(tiny_checkpoint(tmp_path / "tiny"))
     drawn = []
@@ -349,8 +351,8 @@ def test_on_policy_batches_are_the_students_own_answers_scored_by_the_base_model
 def test_greedy_on_policy_batches_can_be_scored_against_a_teacher_that_penalizes_repeats(pool, tmp_path, monkeypatch):
     """`--on-policy 0.5 --on-policy-temperature 0 --teacher-penalty 1.5`: the student's batches are its greedy
     answers, and only their teacher logits get the penalty; the card says both; bad values are refused."""
-    from skipdecode import onpolicy
-    from skipdecode import train as training
+    from skipdecode.training import onpolicy
+    from skipdecode.training import train as training
 
     model = str(tiny_checkpoint(tmp_path / "tiny"))
     temperatures, penalties = [], []
@@ -388,8 +390,8 @@ def test_sequence_unlikelihood_batches_are_the_students_greedy_answers_scored_on
                                                                                                  monkeypatch):
     """`--sequence-unlikelihood 0.5`: every other batch the student decodes the prompts greedily (the same
     answers its engine gives), and that step's loss is the unlikelihood of its repeats, with no teacher."""
-    from skipdecode import onpolicy
-    from skipdecode import train as training
+    from skipdecode.training import onpolicy
+    from skipdecode.training import train as training
 
     model = str(tiny_checkpoint(tmp_path / "tiny"))
     drawn, sample = [], onpolicy.StudentSampler.sample

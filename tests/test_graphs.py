@@ -11,7 +11,7 @@ from conftest import IdTokenizer, tiny_model
 from skipdecode.engine import GRAPHS_ENV, Engine
 from skipdecode import graphs
 from skipdecode.graphs import MAX_STEPS, MIN_WIDTH, bucket, cache_bytes
-from skipdecode.peers import EarlyExit
+from skipdecode.evaluation.peers import EarlyExit
 from skipdecode.schedule import Schedule
 
 BATCH = [[1, 17, 43, 99, 5], [1, 250, 7], [1, 8, 9, 10, 11, 12, 13, 14]]  # left padding in every row but one

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS
-from skipdecode.peers import EarlyExit, average_token_layers, calibrate
+from skipdecode.evaluation.peers import EarlyExit, average_token_layers, calibrate
 from skipdecode.schedule import Schedule
 
 NEW = 16

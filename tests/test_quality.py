@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from skipdecode import quality
+from skipdecode.evaluation import quality
 
 
 def test_identical_text_scores_100_and_disjoint_text_scores_0():

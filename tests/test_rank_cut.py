@@ -1,4 +1,4 @@
-"""skipdecode.rank_cut: an adapter cut to a lower rank is the nearest update of that rank, and still loads."""
+"""skipdecode.training.rank_cut: an adapter cut to a lower rank is the nearest update of that rank, and still loads."""
 
 import json
 
@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from skipdecode import adapters
-from skipdecode.rank_cut import cut_pair, cut_rank
+from skipdecode.training.rank_cut import cut_pair, cut_rank
 
 from conftest import tiny_model
 

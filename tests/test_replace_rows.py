@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from skipdecode.evaluate import write_frame
+from skipdecode.evaluation.runs import write_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 MRS = ["name[A]", "name[B]"]

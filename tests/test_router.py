@@ -8,8 +8,7 @@ import torch
 
 from skipdecode import adapters
 from skipdecode.cli import build_parser, default_adapter
-from skipdecode.data import INSTRUCTION
-from skipdecode.router import E2E, GENERAL, route
+from skipdecode.router import E2E, GENERAL, INSTRUCTION, route
 from test_evaluate import fake_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +187,7 @@ def test_the_default_for_a_general_prompt_at_1x_is_the_base_model_token_for_toke
 
 @pytest.mark.slow
 def test_generate_runs_the_picked_adapter_at_the_nearest_speedup_it_was_trained_for(cli, monkeypatch):
-    """The shipped E2E adapters hold up only at their own speedups (docs/e2e-train-split.md, 4x): asked for
+    """The shipped E2E adapters hold up only at their own speedups (docs/research/e2e-train-split.md, 4x): asked for
     4x, `generate` runs the picked one at its nearest trained speedup, says so, and its JSON shows that plan;
     an explicit --adapter runs the speedup asked."""
     monkeypatch.delenv(adapters.ADAPTERS_ENV, raising=False)

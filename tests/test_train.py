@@ -10,7 +10,7 @@ import torch
 from conftest import DEVICE, PROMPTS, IdTokenizer, tiny_checkpoint, tiny_model
 from skipdecode.engine import Engine
 from skipdecode.schedule import Schedule, for_speedup
-from skipdecode.train import SkipLM, article, collate, layer_plan
+from skipdecode.training.train import SkipLM, article, collate, layer_plan
 
 
 def greedy_then_teacher_force(engine, model, prompt_ids, schedule, new_tokens):
@@ -70,7 +70,7 @@ def test_a_few_steps_lower_the_loss():
 
 
 def test_unlikelihood_counts_each_earlier_token_of_the_target_once_and_never_the_one_due():
-    from skipdecode.train import unlikelihood_loss
+    from skipdecode.training.train import unlikelihood_loss
 
     torch.manual_seed(0)
     labels = torch.tensor([[-100, 3, 4, 3, 5], [-100, -100, 1, 1, -100]])  # targets [3, 4, 3, 5] and [1, 1]
@@ -119,7 +119,7 @@ def test_unlikelihood_training_moves_probability_off_tokens_the_answer_already_u
 def test_the_teachers_repetition_penalty_touches_only_what_the_answer_already_said():
     """CTRL's penalty: at each target position, the tokens of the answer before it (not the prompt's, not
     the one about to be said for the first time) get a positive logit divided, a negative one multiplied."""
-    from skipdecode.train import penalize_repeats
+    from skipdecode.training.train import penalize_repeats
 
     labels = torch.tensor([[-100, 3, 1, 3, 2], [-100, -100, 0, 0, -100]])  # 4 + 2 target positions
     logits = torch.tensor([[2.0, -1.0, 4.0, 1.0]] * 6)
@@ -135,7 +135,8 @@ def test_the_teachers_repetition_penalty_touches_only_what_the_answer_already_sa
 
 
 def test_sequence_unlikelihood_penalizes_every_token_of_a_repeated_4gram_and_nothing_else():
-    from skipdecode.train import repeated_ngrams, sequence_unlikelihood_loss
+    from skipdecode.training.targets import repeated_ngrams
+    from skipdecode.training.train import sequence_unlikelihood_loss
 
     assert repeated_ngrams([1, 2, 3, 4, 5, 1, 2, 3, 4]) == [False] * 5 + [True] * 4
     assert repeated_ngrams([7, 7, 7, 7, 7]) == [False, True, True, True, True]  # a one-token loop
@@ -189,7 +190,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     --distill add the full-depth model's KL; both are recorded with the adapter."""
     from safetensors.torch import load_file
 
-    from skipdecode import train as training
+    from skipdecode.training import train as training
     from skipdecode.adapters import find_adapter
 
     base = dict(speedups=[3.0], batch_size=1, limit=4, validation_examples=1, precision="fp32", split="dev",
@@ -227,8 +228,8 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
 def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
     """Each reference of an MR becomes the full-depth model's greedy output for that MR; the MR keeps its
     number of training examples."""
-    from skipdecode.data import Item
-    from skipdecode.train import teacher_items
+    from skipdecode.evaluation.data import Item
+    from skipdecode.training.train import teacher_items
 
     items = [Item("name[The Eagle], eatType[pub]", ("r1", "r2", "r3")), Item("name[Strada], area[riverside]", ("r",))]
     taught = teacher_items(engine, items, batch_size=2, max_new_tokens=12)
@@ -241,9 +242,9 @@ def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
 def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(engine, tmp_path, monkeypatch):
     """With a cache file, the teacher's outputs are written as they are decoded; the next call reads them
     (even after a line cut short by a stopped run) and decodes nothing, with the same targets."""
-    from skipdecode import evaluate
-    from skipdecode.data import Item
-    from skipdecode.train import teacher_items
+    from skipdecode.evaluation import runs
+    from skipdecode.evaluation.data import Item
+    from skipdecode.training.train import teacher_items
 
     items = [Item("name[The Eagle], eatType[pub]", ("r1", "r2")), Item("name[Strada], area[riverside]", ("r",))]
     cache = tmp_path / "teacher-outputs.jsonl"
@@ -252,14 +253,14 @@ def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(en
     assert [json.loads(line)["mr"] for line in cache.read_text().splitlines()] == [it.mr for it in items]
     with open(cache, "a") as handle:
         handle.write('{"mr": "name[cut')
-    monkeypatch.setattr(evaluate, "decode", lambda *a, **k: pytest.fail("decoded again"))
+    monkeypatch.setattr(runs, "decode", lambda *a, **k: pytest.fail("decoded again"))
     assert teacher_items(engine, items, batch_size=2, max_new_tokens=8, cache=cache) == first
 
 
 def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
     """Retrained at the same path, a teacher gets a new file; the same weights elsewhere, the same file; the
     base model as teacher, none."""
-    from skipdecode.train import teacher_cache
+    from skipdecode.training.train import teacher_cache
 
     adapter = tmp_path / "one"
     adapter.mkdir()
@@ -279,8 +280,8 @@ def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
 def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
     """`--sequence-kd 0.5` keeps about half of the human references; which ones is fixed by the seed; a share
     of 0 keeps them all; an out-of-range share is refused before any work."""
-    from skipdecode import train as training
-    from skipdecode.data import Item
+    from skipdecode.training import train as training
+    from skipdecode.evaluation.data import Item
 
     items = [Item(f"name[The Eagle], eatType[pub], area[{a}]", tuple(f"r{a}{k}" for k in range(8)))
              for a in ("riverside", "city centre")]
@@ -297,8 +298,8 @@ def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
 def test_complete_refs_keeps_the_references_that_leave_out_the_fewest_values():
     """Per MR, only the references that miss the fewest MR values stay (every MR keeps at least one), by
     the matcher that scores slot errors: 'inexpensive' realizes cheap, a missing area counts."""
-    from skipdecode.data import Item
-    from skipdecode.train import complete_refs
+    from skipdecode.evaluation.data import Item
+    from skipdecode.training.train import complete_refs
 
     full = Item("name[Strada], priceRange[cheap], area[riverside]",
                 ("Strada is a cheap place.", "Strada by the river is inexpensive.", "Strada, riverside, cheap.",
@@ -318,7 +319,7 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     the tests above train the default model itself)."""
     from safetensors.torch import load_file
 
-    from skipdecode import train as training
+    from skipdecode.training import train as training
     from skipdecode.adapters import read_adapter
 
     model = str(tiny_checkpoint(tmp_path / "tiny", layers=12))  # 12 layers: room for 3x after the warm-up
@@ -345,7 +346,7 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
 
 def test_training_follows_the_spread_it_is_given():
     """`--spread` reaches the schedules a run trains on (and so its adapter's record)."""
-    from skipdecode.train import TrainConfig, schedules_for
+    from skipdecode.training.train import TrainConfig, schedules_for
 
     flat, wide = (schedules_for([3.0], 30, TrainConfig(out="", spread=s))[0] for s in (1.0, 1.5))
     assert (flat.max_budget, flat.min_budget, wide.max_budget, wide.min_budget) == (10, 10, 15, 5)
@@ -356,7 +357,7 @@ def test_an_mr_epoch_takes_one_reference_of_every_mr():
     epoch); groups of one give every example each epoch in the order the devset-era runs used."""
     import random
 
-    from skipdecode.train import batches
+    from skipdecode.training.train import batches
 
     groups = [[(m, r) for r in range(8)] for m in range(12)]
     stream = batches(groups, batch_size=4, seed=5)
@@ -376,10 +377,10 @@ def test_a_run_on_the_training_split_snapshots_each_epoch_and_validates_on_the_d
     """`--split train` (the default) trains on trainset.csv MRs, records its split (so that `eval --split dev`
     accepts it) and the steps of one MR-epoch, validates on devset MRs, and `--snapshot-every` leaves an
     adapter that decodes at each snapshot step."""
-    from skipdecode import train as training
+    from skipdecode.training import train as training
     from skipdecode.adapters import read_adapter
-    from skipdecode.data import read_items, resolve
-    from skipdecode.evaluate import check_held_out
+    from skipdecode.evaluation.data import read_items, resolve
+    from skipdecode.evaluation.evaluate import check_held_out
 
     config = training.TrainConfig(out=str(tmp_path / "run"), speedups=[3.0], rank=4, alpha=8, batch_size=1,
                                   steps=2, limit=2, validation_examples=1, snapshot_every=1,
@@ -402,7 +403,7 @@ def test_the_student_sampler_decodes_the_adapter_as_it_stands():
 
     from peft import LoraConfig, get_peft_model
 
-    from skipdecode.onpolicy import StudentSampler
+    from skipdecode.training.onpolicy import StudentSampler
 
     peft_model = get_peft_model(tiny_model("llama", layers=4),
                                 LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
@@ -432,7 +433,7 @@ def test_the_student_sampler_decodes_the_adapter_as_it_stands():
 
 
 def test_on_policy_batches_are_that_share_spread_evenly():
-    from skipdecode.onpolicy import is_on_policy
+    from skipdecode.training.onpolicy import is_on_policy
 
     assert [is_on_policy(s, 0.25) for s in range(8)] == [False, False, False, True] * 2
     assert sum(is_on_policy(s, 0.5) for s in range(600)) == 300

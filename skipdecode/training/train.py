@@ -14,7 +14,7 @@ baseline), so that training only has to learn to do without the skipped layers; 
 full-depth model with that adapter, whose whole next-token distribution says more per token than one
 reference does (the student copies the full model, which is what a skip decoder should do).
 `--on-policy SHARE` (GKD) draws that share of the batches from the student itself: it decodes the batch's
-prompts at its own speedup (temperature 1, skipdecode/onpolicy.py) and learns the teacher's KL on those
+prompts at its own speedup (temperature 1, skipdecode/training/onpolicy.py) and learns the teacher's KL on those
 answers alone, so it sees, and is corrected after, its own mistakes; the other batches keep their loss.
 `--on-policy-temperature 0` draws them greedily instead, the decoding whose loops the demo shows, and
 `--teacher-penalty P` scores them against the teacher with CTRL's repetition penalty on what the answer
@@ -28,7 +28,7 @@ the whole devset left to validate and choose on, as the paper and the challenge 
 writes the adapter every N steps so that each MR-epoch can be scored on the devset (`eval --split dev`).
 `--split dev` is the devset-era recipe (the devset MRs not held out), kept to compare with.
 
-`--task general` trains on chat prompts that come without answers (skipdecode/general.py): the targets are
+`--task general` trains on chat prompts that come without answers (skipdecode/training/targets.py): the targets are
 the full-depth base model's own greedy answers (up to --max-answer-tokens), generated in batches once and
 cached in --checkpoint-dir; --distill adds the KL to that same model (the default --teacher); the prompts
 held out for `eval --prompts validation` are never trained on; the schedule defaults to a constant budget
@@ -52,14 +52,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .data import SPLIT_SEED, VALIDATION_SHARE, Item
-from .general import REPEAT_NGRAM, repeated_ngrams
+from ..evaluation.data import SPLIT_SEED, VALIDATION_SHARE, Item
+from ..prompts import encode_prompt
+from ..schedule import DEFAULT_WARMUP, E2E_HORIZON, SPREAD, Schedule, for_speedup
 from .onpolicy import is_on_policy
-from .prompts import encode_prompt
-from .schedule import DEFAULT_WARMUP, SPREAD, Schedule, for_speedup
+from .targets import REPEAT_NGRAM, repeated_ngrams
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-E2E_HORIZON = 32  # E2E references average ~30 tokens with the end-of-turn token
 
 
 @dataclass
@@ -269,7 +268,7 @@ def teacher_items(engine, items: list[Item], share: float = 1.0, seed: int = 0, 
     keeps some of the human wording too. The MR keeps its number of examples. With `cache`, the teacher's
     outputs are kept in that file (answer_cache): a resumed run, or the next one with this teacher, reads them."""
     from .answer_cache import cached_answers
-    from .evaluate import decode
+    from ..evaluation.runs import decode
 
     by_mr = {it.mr: it for it in items}
 
@@ -287,7 +286,7 @@ def teacher_cache(folder, teacher: str, max_new_tokens: int = TEACHER_TOKENS) ->
     """Where the E2E teacher's outputs are kept: named by a digest of its adapter's weights, so that an
     adapter retrained at the same path never reads the outputs of the one before (none for the base model,
     whose E2E outputs no recipe trains on)."""
-    from .adapters import NONE, find_adapter, weights_digest
+    from ..adapters import NONE, find_adapter, weights_digest
 
     if teacher.lower() in NONE:
         return None
@@ -300,7 +299,7 @@ def complete_refs(items: list[Item]) -> list[Item]:
     slot errors with), so every MR stays. Why: a third of the devset's references drop a fact (semantic
     noise, Dusek et al. 2019), and a student with a third of the layers learns to drop facts too: the 3x
     adapters' slot errors and short outputs on the test set."""
-    from .evaluate import slot_realized
+    from ..evaluation.evaluate import slot_realized
 
     def missing(item: Item, ref: str) -> int:
         return sum(not slot_realized(key, value, ref) for key, value in item.slots.items())
@@ -319,7 +318,7 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
     an epoch is one reference per MR (4,862 MRs, 42,061 references), and the whole devset validates. On the
     devset-era split (`--split dev`) every reference is its own group, as before, and the devset MRs not
     held out train."""
-    from .data import pairs, training_split
+    from ..evaluation.data import pairs, training_split
 
     items, val_items = training_split(config.data, config.split, config.validation_share, config.seed)
     items = items[: config.limit]
@@ -327,7 +326,7 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
         items = complete_refs(items)
     # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
     if config.sequence_kd:
-        from .engine import Engine
+        from ..engine import Engine
         engine = Engine(teacher.model, tokenizer)
         items = teacher_items(engine, items, config.sequence_kd, config.seed,
                               cache=teacher_cache(config.checkpoint_dir, config.teacher))
@@ -399,8 +398,8 @@ def train(config: TrainConfig) -> dict:
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from .adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
-    from .models import load_model
+    from ..adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
+    from ..models import load_model
 
     if not 0 <= config.distill <= 1 or not 0 <= config.on_policy <= 1:
         raise ValueError("--distill takes a weight and --on-policy a share of the batches, both in [0, 1]")
@@ -474,7 +473,7 @@ def train(config: TrainConfig) -> dict:
                                  config.on_policy_temperature if config.on_policy else 0.0)
 
     if config.task == "general":  # targets: the full-depth base model's answers, cached beside the checkpoints
-        from .general import training_examples
+        from .targets import training_examples
 
         train_examples, val_examples = training_examples(
             tokenizer, config.model, config.data, config.limit, config.validation_examples,
@@ -539,7 +538,7 @@ def train(config: TrainConfig) -> dict:
                    "device": trained_on,
                    "config": asdict(config), "history": history}
         if config.task == "general":  # what `eval --prompts validation` checks before it scores the adapter
-            from .general import HELD_OUT_RULE
+            from ..evaluation.general import HELD_OUT_RULE
 
             summary["held_out"] = HELD_OUT_RULE
         return summary
@@ -595,7 +594,7 @@ def train(config: TrainConfig) -> dict:
 
 
 def save_adapter(peft_model, out: Path, summary: dict) -> None:
-    from .adapters import write_record
+    from ..adapters import write_record
 
     # LoRA on linear layers only, the vocabulary never resized: peft's "auto" check of the embedding
     # layers would ask the Hub for the base model's config.json (a failed lookup offline).
@@ -607,7 +606,7 @@ def save_adapter(peft_model, out: Path, summary: dict) -> None:
 def where_trained(device) -> str:
     """The machine in words for the card ("an NVIDIA H200", "a 2-core AMD EPYC"): minutes mean little
     without it, and runs of one project now train on a CPU or on a lent GPU."""
-    from .bench import machine
+    from ..evaluation.bench import machine
 
     if torch.device(device).type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -635,7 +634,7 @@ def finish_adapter(folder: Path) -> None:
     id rather than a local cache path, and a model card that says what it is instead of peft's template."""
     from safetensors.torch import load_file, save_file
 
-    from .adapters import WEIGHTS, read_adapter
+    from ..adapters import WEIGHTS, read_adapter
 
     folder = Path(folder)
     weights = folder / WEIGHTS
@@ -647,7 +646,7 @@ def finish_adapter(folder: Path) -> None:
 
 
 def _public_base(base_model: str) -> str:
-    from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
+    from ..models import DEFAULT_HUB_ID, DEFAULT_MODEL
 
     return DEFAULT_HUB_ID if base_model == DEFAULT_MODEL else base_model
 
@@ -655,8 +654,8 @@ def _public_base(base_model: str) -> str:
 def write_card(folder: Path) -> None:
     """The model card (README.md) from the adapter's record; written again alone when only the record
     changed (a served adapter whose init or teacher was replaced), leaving the weights untouched."""
-    from .adapters import read_adapter
-    from .data import INSTRUCTION
+    from ..adapters import read_adapter
+    from ..router import INSTRUCTION
 
     folder = Path(folder)
     meta = read_adapter(folder).meta
@@ -713,7 +712,7 @@ history are in `skipdecode.json`.
 
 
 def _teacher_words(teacher: str) -> str:
-    from .adapters import NONE
+    from ..adapters import NONE
 
     return "the full-depth base model" if str(teacher).lower() in NONE else f"the full-depth model with `{teacher}`"
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from .data import E2E_ENV, read_items, resolve
 
 E2E_TEST = "testset_w_refs.csv"
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "results" / "bench.csv"  # the app shows it
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "results" / "bench.csv"  # the app shows it
 TABLE_FILE = Path("docs") / "speed.md"  # where `--readme` with no path writes the table (between the markers)
 README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode bench: end -->"
 GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3}
@@ -204,7 +204,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
     import torch
 
     from .peers import calibrate
-    from .schedule import Schedule, for_speedup
+    from ..schedule import Schedule, for_speedup
 
     say = progress or (lambda message: None)
     L = engine.num_layers
@@ -251,7 +251,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
 def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth):
     """Rows and goals from the timed cases; `bandwidth` (bytes per second) sets the floor columns."""
     from .evaluate import score
-    from .models import dtype_name
+    from ..models import dtype_name
     from .peers import average_token_layers
 
     cost = CostModel.of(engine.decoder)
@@ -364,7 +364,7 @@ def goals(rows) -> list[dict]:
 def machine() -> dict:
     import torch
 
-    from .models import cpu_flags
+    from ..models import cpu_flags
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -485,8 +485,8 @@ def _numbers(text: str, kind=float) -> tuple:
 def cmd_bench(args) -> int:
     import torch
 
-    from .engine import Engine
-    from .models import dtype_name, precision_reason
+    from ..engine import Engine
+    from ..models import dtype_name, precision_reason
 
     speedups = tuple(int(s) if float(s).is_integer() else s for s in _numbers(args.speedups))
     batch_sizes = _numbers(args.batch_sizes, int)
@@ -513,7 +513,7 @@ def cmd_bench(args) -> int:
     started = time.perf_counter()
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=args.adapter)
     if args.no_pack:
-        from .transformer import Decoder
+        from ..transformer import Decoder
 
         engine.decoder = Decoder(engine.model, pack=False)
     engine.graphs = args.graphs

@@ -19,11 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .data import NAME_STYLES, SPLIT_SEED, VALIDATION_SHARE, Item, eval_items, parse_mr, renamed_items
+from .runs import RESULTS_DIR, TEMP_PREFIX, VALIDATION_DIR, decode, drop_empty_temp, write
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "results"  # what the app and README show
-VALIDATION_DIR = RESULTS_DIR.parent.parent / "docs" / "results"  # validation rounds: the research log's
 METRICS = ("bleu", "rouge_l", "chrf", "ser", "names", "length")
-TEMP_PREFIX = "skipdecode-eval-"  # the temporary folders of runs that must not write to RESULTS_DIR
 
 # How a slot value may be realized in text, beyond the value itself (lower case).
 REALIZATIONS = {
@@ -145,34 +143,13 @@ class Row:
     bleu_e2e: float = 0.0  # BLEU as the E2E challenge's script computes it: case-insensitive
 
 
-def decode(engine, items: list[Item], schedule, batch_size: int, max_new_tokens: int, progress=None, beam=None):
-    """Greedy outputs (or `beam` search's) in item order, batched by prompt length; decode ms per decoded
-    token (a beam's token counts as one), layers per output token, output tokens."""
-    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt))
-    outputs = [""] * len(items)
-    decode_ms = decoded = layers = tokens = 0
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        result = engine.generate([items[i].prompt for i in chunk], schedule, max_new_tokens, beam=beam)
-        for i, text in zip(chunk, result.texts):
-            outputs[i] = text.strip()
-        decode_ms += result.trace.decode_ms
-        decoded += sum(s.rows for s in result.trace.steps)
-        for ids in result.token_ids:  # token 0 from the prefill (all layers), token k from step k - 1
-            layers += engine.num_layers + sum(schedule.budget(s) for s in range(len(ids) - 1))
-            tokens += len(ids)
-        if progress is not None:
-            progress.update(len(chunk))
-    return outputs, decode_ms / max(decoded, 1), layers / max(tokens, 1), tokens
-
-
 def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, untrained: bool = True,
               baseline=None):
     """(label, adapter or None, speedup) for each row of the table; `untrained=False` leaves out the
     untrained 1x row, the same in every run on one split (scoring each snapshot of a run needs it once).
     `baseline` names the fine-tuned 1x row's adapter, the decode-speedup reference: an adapter trained for
     3x only, forced by `adapter`, writes on past the end at full depth, so its own 1x row means nothing."""
-    from .adapters import adapter_for, available_adapters, find_adapter
+    from ..adapters import adapter_for, available_adapters, find_adapter
 
     forced = find_adapter(adapter) if adapter else None
     full = find_adapter(baseline) if baseline else None
@@ -226,7 +203,7 @@ def check_held_out(plan, split: str, share: float = VALIDATION_SHARE) -> None:
 
 
 def _check_lineage(info, split: str, share: float, seen: set) -> None:
-    from .adapters import find_adapter
+    from ..adapters import find_adapter
 
     if info is None or info.path in seen:
         return
@@ -254,8 +231,8 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
              validation_share: float = VALIDATION_SHARE, baseline=None, beam=None) -> list[Row]:
     from tqdm.auto import tqdm
 
-    from .engine import Engine
-    from .adapters import trained_schedule
+    from ..engine import Engine
+    from ..adapters import trained_schedule
 
     items = load_items(data, split, made_up_names, limit, validation_share)
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip, untrained, baseline)
@@ -301,19 +278,6 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write(rows: list[Row], prefix: Path) -> None:
-    import pandas as pd
-
-    write_frame(pd.DataFrame([asdict(r) for r in rows]).round(3), prefix)
-
-
-def write_frame(frame, prefix: Path) -> None:
-    """A results table as <prefix>.csv and .json (records), the two forms the app and the docs read."""
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(prefix.with_suffix(".csv"), index=False)
-    prefix.with_suffix(".json").write_text(json.dumps(frame.to_dict(orient="records"), indent=1))
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="E2E quality table: BLEU, ROUGE-L, chrF, slot errors, speed",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -331,7 +295,7 @@ def register(subparsers) -> None:
                    help="score general chat prompts instead of E2E: JSON lines with a prompt field, or plain text "
                         "one a line; 'validation' is the project's held-out slice of ../shared/data/prompts (its "
                         "results go to assets/results/general*; other files to --out DIR or a temporary folder). "
-                        "Reference: the full-depth base model's greedy answer (see skipdecode/general.py)")
+                        "Reference: the full-depth base model's greedy answer (see skipdecode/evaluation/general.py)")
     p.add_argument("--speedups", default=None, help="comma list (default 1,2,3,4,5; with --prompts 1,2,3,5)")
     p.add_argument("--limit", type=int, default=None, help="first N distinct MRs only")
     p.add_argument("--adapter", default=None, help="adapter name or path for every fine-tuned row")
@@ -392,7 +356,7 @@ def output_prefix(args) -> Path:
 
 
 def _beam(args):
-    from .beam import Beam
+    from ..beam import Beam
 
     return None if args.beams == 1 else Beam(args.beams, args.length_penalty)
 
@@ -410,13 +374,6 @@ def _cmd_eval(args) -> int:
         return _eval_to(prefix, args)
     finally:
         drop_empty_temp(prefix.parent)
-
-
-def drop_empty_temp(folder: Path) -> None:
-    """A run that failed leaves no empty temporary folder of its own behind (and touches no other folder)."""
-    if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(TEMP_PREFIX) \
-            and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
 
 
 def _eval_to(prefix: Path, args) -> int:

@@ -1,6 +1,6 @@
 """Cut a LoRA adapter to a lower rank: the best rank-k approximation of each layer's update.
 
-Why: a rank-64 adapter learns more (docs/general-adapters.md, round 13) but weighs four times a rank-16 one,
+Why: a rank-64 adapter learns more (docs/research/general-adapters.md, round 13) but weighs four times a rank-16 one,
 more than the repository can serve. A LoRA update is scale * B @ A; its truncated SVD (Eckart-Young) is the
 rank-k matrix nearest to it, so the cut keeps as much of each update as k directions can. Computed without
 forming B @ A: B = Qb Rb and A^T = Qa Ra, so B @ A = Qb (Rb Ra^T) Qa^T and only the r x r core needs an SVD.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .adapters import WEIGHTS, read_adapter, write_record
+from ..adapters import WEIGHTS, read_adapter, write_record
 
 
 def cut_pair(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:

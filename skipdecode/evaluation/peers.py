@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import KVCache
-from .trace import StepRecord, Trace
-from .transformer import Decoder
+from ..cache import KVCache
+from ..trace import StepRecord, Trace
+from ..transformer import Decoder
 
 MEASURES = ("state", "softmax")
 # Where a confidence threshold can lie: cosine similarity for "state", top-1 minus top-2 probability for

@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..router import INSTRUCTION  # the runtime routes by it; every E2E prompt begins with it
+
 E2E_ENV = "SKIPDECODE_E2E_DIR"
 VALIDATION_SHARE = 0.05  # share of devset MRs `skipdecode train` holds out by default
 SPLIT_SEED = 0  # and the seed that picks them (train's default --seed)
-INSTRUCTION = "Write one sentence describing this restaurant, using every fact: "
 SLOT = re.compile(r"\s*([^\[,]+?)\s*\[([^\]]*)\]")
 
 
@@ -48,7 +49,7 @@ def parse_mr(mr: str) -> dict[str, str]:
 def default_dir() -> Path:
     if os.environ.get(E2E_ENV):
         return Path(os.environ[E2E_ENV])
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "e2e"
+    return Path(__file__).resolve().parents[3] / "shared" / "data" / "e2e"
 
 
 def resolve(path_or_name: str | os.PathLike | None, name: str) -> Path:

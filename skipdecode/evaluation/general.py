@@ -1,5 +1,5 @@
-"""General chat prompts: the prompt pool, its held-out validation slice, full-depth answers as references
-and training targets, and `skipdecode eval --prompts`.
+"""General chat prompts: the prompt pool, its held-out validation slice, full-depth answers as references,
+and `skipdecode eval --prompts` (the training targets made of the same answers: skipdecode/training/targets.py).
 
 No human answers are needed. The reference for a prompt is the full-depth base model's own greedy answer,
 which is also what a skip-aware adapter for general prompts is trained to reproduce (self-distillation).
@@ -45,7 +45,6 @@ VALIDATION_COUNT = 64
 MAX_PROMPT_TOKENS = 128  # chat-templated (the template adds ~30 tokens); 84% of the pool fits
 EVAL_TOKENS = 96
 EVAL_SPEEDUPS = "1,2,3,5"
-ANSWER_TOKENS = 160  # training targets: chat answers of 100-200 tokens, not E2E's 32
 GENERAL_SPREAD = 1.0  # the base model without an adapter runs a constant budget here, the general default
 
 
@@ -53,7 +52,7 @@ GENERAL_SPREAD = 1.0  # the base model without an adapter runs a constant budget
 def prompts_dir() -> Path:
     if os.environ.get(PROMPTS_ENV):
         return Path(os.environ[PROMPTS_ENV])
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "prompts"
+    return Path(__file__).resolve().parents[3] / "shared" / "data" / "prompts"
 
 
 def pool_file() -> Path:
@@ -97,7 +96,7 @@ def held_out(prompt: str) -> bool:
     return int(prompt_hash(prompt), 16) % HELD_OUT_EVERY == 0
 
 
-def _by_hash(prompts, keep) -> list[str]:
+def by_hash(prompts, keep) -> list[str]:
     """Distinct prompts (by hash) for which keep(prompt) holds, in hash order: a fixed pseudo-random order
     that does not depend on the file's, so the first N of a set are a sample and a larger N extends it."""
     unique = {prompt_hash(p): p for p in reversed(prompts)}  # the first of equal prompts stays
@@ -105,7 +104,7 @@ def _by_hash(prompts, keep) -> list[str]:
 
 
 def fits(tokenizer, prompt: str, max_prompt_tokens: int) -> bool:
-    from .prompts import encode_prompt
+    from ..prompts import encode_prompt
 
     return len(encode_prompt(tokenizer, prompt)) <= max_prompt_tokens
 
@@ -113,21 +112,9 @@ def fits(tokenizer, prompt: str, max_prompt_tokens: int) -> bool:
 def validation_prompts(tokenizer, count: int | None = VALIDATION_COUNT, path=None) -> list[str]:
     """The project's validation set: the held-out prompts of the pool (or `path`) in hash order whose
     chat-templated length is at most MAX_PROMPT_TOKENS, the first `count` of them (None: all)."""
-    chosen = _by_hash(read_prompts(path or pool_file()), held_out)
+    chosen = by_hash(read_prompts(path or pool_file()), held_out)
     short = (p for p in chosen if fits(tokenizer, p, MAX_PROMPT_TOKENS))
     return list(islice(short, count))
-
-
-def training_prompts(tokenizer, path=None, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                     limit: int | None = None) -> list[str]:
-    """Prompts to train on: those of the file (default: the pool) that are not held out, that the router
-    calls general, and whose chat-templated length is at most `max_prompt_tokens`; in hash order, the
-    first `limit` of them."""
-    from .router import is_e2e
-
-    chosen = _by_hash(read_prompts(path or pool_file()), lambda p: not held_out(p) and not is_e2e(p))
-    short = (p for p in chosen if fits(tokenizer, p, max_prompt_tokens))
-    return list(islice(short, limit))
 
 
 # ---- answers ----------------------------------------------------------------------------------
@@ -143,7 +130,7 @@ class Answers:
 
 
 class _Keeping:
-    """An engine that keeps the token ids of every answer it generates, by prompt (evaluate.decode, which
+    """An engine that keeps the token ids of every answer it generates, by prompt (runs.decode, which
     batches and times the work, returns texts only)."""
 
     def __init__(self, engine):
@@ -165,84 +152,14 @@ def _key(prompt):
 def answer(engine, prompts: list, schedule=None, max_new_tokens: int = EVAL_TOKENS, batch_size: int = 16,
            progress=None) -> Answers:
     """Greedy answers under `schedule` (default: full depth), batched by prompt length as E2E MRs are."""
-    from .evaluate import decode
-    from .schedule import Schedule
+    from ..schedule import Schedule
+    from .runs import decode
 
     keeping = _Keeping(engine)
     schedule = schedule or Schedule.full(engine.num_layers)
     texts, ms, layers, tokens = decode(keeping, [SimpleNamespace(prompt=p) for p in prompts], schedule,
                                        batch_size, max_new_tokens, progress)
     return Answers(texts, [keeping.ids[_key(p)] for p in prompts], ms, layers, tokens)
-
-
-def targets_file(folder, engine, max_new_tokens: int) -> Path:
-    """Where the full-depth answers of one model, precision and length are cached."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", engine.name).strip("-")
-    dtype = str(engine.decoder.dtype).replace("torch.", "")
-    return Path(folder) / f"targets-{name}-{dtype}-{max_new_tokens}tokens.jsonl"
-
-
-def reference_answers(engine, prompts: list[str], max_new_tokens: int, batch_size: int = 16,
-                      cache: Path | None = None) -> dict[str, list[int]]:
-    """prompt -> the token ids of the engine's full-depth greedy answer; with `cache`, kept in that JSON-lines
-    file (answer_cache), so that a run stopped halfway, or the next run on the same prompts, starts from there."""
-    from .answer_cache import cached_answers
-
-    def answer_chunk(chunk, bar):
-        return answer(engine, chunk, None, max_new_tokens, batch_size, bar).token_ids
-
-    return cached_answers(prompts, answer_chunk, cache, "prompt", "token_ids", "full-depth answers")
-
-
-def training_examples(tokenizer, model=None, data=None, limit: int | None = None,
-                      validation_examples: int = VALIDATION_COUNT, max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-                      max_answer_tokens: int = ANSWER_TOKENS, cache_folder=".", batch_size: int = 16,
-                      cut_loops: int = 0):
-    """(train, validation) examples for `skipdecode train --task general`: (prompt ids, target ids), the
-    target being the full-depth base model's greedy answer (its end token included when it ended within
-    `max_answer_tokens`), generated once and cached in `cache_folder`. Validation: the first
-    `validation_examples` prompts of the validation set, which training never sees. With `cut_loops` N,
-    each training target ends before its first repeated run of N tokens (`cut_at_loop`)."""
-    from .engine import Engine
-    from .prompts import encode_prompt
-
-    train = training_prompts(tokenizer, data, max_prompt_tokens, limit)
-    val = validation_prompts(tokenizer, validation_examples)
-    if not train:
-        raise ValueError(f"no training prompts in {data or pool_file()} (held out, or over {max_prompt_tokens} tokens)")
-    engine = Engine.load(model)
-    targets = reference_answers(engine, train + val, max_answer_tokens, batch_size,
-                                cache=targets_file(cache_folder, engine, max_answer_tokens))
-    del engine
-
-    def examples(prompts, cut=0):
-        return [(encode_prompt(tokenizer, p), cut_at_loop(targets[p], cut) if cut else targets[p]) for p in prompts]
-
-    return examples(train, cut_loops), examples(val)
-
-
-def cut_at_loop(ids: list[int], n: int) -> list[int]:
-    """`ids` up to where they start repeating themselves: before the first run of n tokens that already
-    occurred earlier in them (overlaps included, so "a a a ..." keeps one "a"). Why: a 135M model's greedy
-    answers often end in a loop ("1. 1. 1. ...", a sentence said again and again), and an adapter trained
-    on them learns the loop; a run of 8 tokens said twice is rarely anything else."""
-    marked = repeated_ngrams(ids, n)
-    return list(ids[:marked.index(True)] if True in marked else ids)
-
-
-REPEAT_NGRAM = 4  # Welleck et al.'s sequence level: a token is penalized inside a repeated 4-gram
-
-
-def repeated_ngrams(tokens: list[int], n: int = REPEAT_NGRAM) -> list[bool]:
-    """Marks every token of an n-gram that already began earlier in the sequence (the first marked token
-    is where the sequence first repeats itself)."""
-    marked, seen = [False] * len(tokens), set()
-    for i in range(len(tokens) - n + 1):
-        gram = tuple(tokens[i:i + n])
-        if gram in seen:
-            marked[i:i + n] = [True] * n
-        seen.add(gram)
-    return marked
 
 
 # ---- scores -----------------------------------------------------------------------------------
@@ -331,8 +248,8 @@ class Plan:
 def plan_rows(speedups, adapter: str | None = None, model: str | None = None) -> list[Plan]:
     """One row per speedup (1x always): the --adapter given ("none": the base model), else the adapter
     `pick_adapter` gives a general prompt (the base model at 1x, and where no general adapter exists)."""
-    from .adapters import NONE, find_adapter, pick_adapter
-    from .router import GENERAL
+    from ..adapters import NONE, find_adapter, pick_adapter
+    from ..router import GENERAL
 
     forced = None if adapter is None or adapter.lower() in NONE else find_adapter(adapter)
     return [Plan(s, forced if adapter is not None else pick_adapter(s, model, task=GENERAL)[0])
@@ -352,8 +269,8 @@ def check_held_out(plan: list[Plan]) -> None:
 def schedule_for(info, speedup: float, num_layers: int, horizon: int):
     """An adapter decodes on the schedule it was trained with; the base model at a speedup on a constant
     budget (GENERAL_SPREAD), the general adapters' default, so that rows compare at equal layers/token."""
-    from .adapters import trained_schedule
-    from .schedule import DEFAULT_WARMUP, Schedule, for_speedup
+    from ..adapters import trained_schedule
+    from ..schedule import DEFAULT_WARMUP, Schedule, for_speedup
 
     if info is not None:
         return trained_schedule(info, speedup, num_layers, horizon)
@@ -369,7 +286,7 @@ def evaluate_prompts(reference, prompts: list[str], plan: list[Plan], engine_for
     engine (default: merged into the reference's model by name); each is loaded once, freed after."""
     from tqdm.auto import tqdm
 
-    from .engine import Engine
+    from ..engine import Engine
 
     engine_for = engine_for or (lambda info: Engine.load(reference.base_name, adapter=info))
     bar = tqdm(total=(len(plan) + 1) * len(prompts), desc="eval --prompts", unit="prompt")
@@ -408,15 +325,15 @@ def results_place(prompts: str, out=None, limit: int | None = None, adapter: str
     """(results prefix, answers file): --out DIR: DIR/general.csv, .json and DIR/outputs.jsonl; the
     project's validation set, every prompt: assets/results/general[-<adapter>][-<N>tokens].csv, .json and
     -outputs.jsonl, which the README and app quote; any other run: a fresh temporary folder."""
-    from . import evaluate
+    from . import runs
 
     if out:
         return Path(out) / "general", Path(out) / "outputs.jsonl"
     if prompts == VALIDATION and limit is None:
         name = "general" + (f"-{Path(adapter).name}" if adapter else "")
         name += "" if max_new_tokens == EVAL_TOKENS else f"-{max_new_tokens}tokens"
-        return evaluate.RESULTS_DIR / name, evaluate.RESULTS_DIR / f"{name}-outputs.jsonl"
-    folder = Path(tempfile.mkdtemp(prefix=f"{evaluate.TEMP_PREFIX}general-"))
+        return runs.RESULTS_DIR / name, runs.RESULTS_DIR / f"{name}-outputs.jsonl"
+    folder = Path(tempfile.mkdtemp(prefix=f"{runs.TEMP_PREFIX}general-"))
     return folder / "general", folder / "outputs.jsonl"
 
 
@@ -435,9 +352,9 @@ E2E_ONLY = ("data", "made_up_names", "compare_adapters", "untrained_skip")
 
 def cmd_eval(args) -> int:
     """`skipdecode eval --prompts FILE|validation`."""
-    from .engine import Engine
-    from .evaluate import drop_empty_temp, write
-    from .router import is_e2e
+    from ..engine import Engine
+    from ..router import is_e2e
+    from .runs import drop_empty_temp, write
 
     given = [f"--{name.replace('_', '-')}" for name in E2E_ONLY if getattr(args, name, None)]
     given += ["--split"] if getattr(args, "split", "test") != "test" else []

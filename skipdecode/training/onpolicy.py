@@ -2,16 +2,16 @@
 plan it is trained for, and learns the full-depth model's next-token distribution on them.
 
 Why: teacher forcing only ever shows the student the full model's answers, so it never learns what to do
-after its own first repeat; the round-1 general adapter, trained that way, looped (docs/general-adapters.md).
+after its own first repeat; the round-1 general adapter, trained that way, looped (docs/research/general-adapters.md).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .engine import Engine
-from .sampling import Sampling
-from .schedule import Schedule
+from ..engine import Engine
+from ..sampling import Sampling
+from ..schedule import Schedule
 
 
 def merged_weights(peft_model) -> dict[str, torch.Tensor]:

@@ -1,0 +1,79 @@
+"""One request, one path: a comparison (or a batch) checks, routes and encodes its prompt once, and both
+sides decode those ids on the models that one route picked. On a tiny random Llama with two tiny adapters
+made for it, so that "auto" really picks."""
+
+from types import SimpleNamespace
+
+import pytest
+
+import app.studio as studio_module
+import skipdecode.engine as engine_module
+import skipdecode.router as router_module
+from app.studio import AUTO, Settings, Studio, configured_models
+from conftest import tiny_adapter, tiny_checkpoint
+from skipdecode.batcher import Batcher
+from skipdecode.prompts import encode_prompt
+from skipdecode.router import INSTRUCTION
+
+MR_PROMPT = INSTRUCTION + "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("request")
+    base = tiny_checkpoint(folder / "tiny", layers=6)
+    for name, speedups in (("tiny-1x", (1.0,)), ("tiny-2x", (2.0,))):
+        tiny_adapter(folder / "adapters" / name, base, speedups)
+    return base, folder / "adapters"
+
+
+@pytest.fixture
+def studio(tiny_set, monkeypatch):
+    base, adapters = tiny_set
+    monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(adapters))
+    s = Studio(configured_models(str(base)), batcher=Batcher(window_s=0.0))
+    yield s
+    s.batcher.close()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every text the tokenizer encodes (ids given as ids cost nothing) and every prompt the router reads."""
+    seen = SimpleNamespace(texts=[], routes=[])
+    real_encode, real_route = engine_module.encode_prompt, router_module.route
+
+    def encode(tokenizer, prompt, chat=None):
+        if isinstance(prompt, str):
+            seen.texts.append(prompt)
+        return real_encode(tokenizer, prompt, chat)
+
+    def route(prompt):
+        seen.routes.append(prompt)
+        return real_route(prompt)
+
+    monkeypatch.setattr(engine_module, "encode_prompt", encode)
+    monkeypatch.setattr(router_module, "route", route)  # what pick_adapter asks
+    monkeypatch.setattr(studio_module, "route", route)  # what the studio asks
+    return seen
+
+
+def test_a_comparison_encodes_its_prompt_once_and_routes_it_once(studio, counted):
+    final = list(studio.compare(MR_PROMPT, Settings(speedup=2.0, max_new_tokens=4), AUTO))[-1]
+    assert counted.texts == [MR_PROMPT] and counted.routes == [MR_PROMPT]
+    assert final.done and final.quality is not None
+    assert final.model.startswith("tiny-2x ") and final.full_model.startswith("tiny-1x ")
+    assert final.why == ("tiny-2x: an E2E meaning representation at 2x",
+                         "tiny-1x: an E2E meaning representation at 1x")
+    ids = encode_prompt(studio.engine(final.model).tokenizer, MR_PROMPT)
+    assert final.skip.prompt_ids == final.full.prompt_ids == ids
+
+
+def test_a_batch_encodes_each_prompt_once_and_routes_by_the_first_once(studio, counted):
+    prompts = [MR_PROMPT, "Describe a cafe."]
+    run = list(studio.batch(prompts, Settings(speedup=2.0, max_new_tokens=3), AUTO))[-1]
+    assert counted.texts == prompts and counted.routes == [MR_PROMPT]
+    assert run.done and run.prompts == prompts
+    assert run.models[0].startswith("tiny-2x ") and run.models[1].startswith("tiny-1x ")
+    tokenizer = studio.engine(run.models[0]).tokenizer
+    assert [u.prompt_ids for u in run.skip] == [u.prompt_ids for u in run.full] == \
+        [encode_prompt(tokenizer, p) for p in prompts]
