@@ -124,7 +124,7 @@ def test_speed_figure_is_built_from_rows():
 def test_bench_command_writes_documented_rows(tmp_path, cli):
     out = tmp_path / "bench.csv"
     done = cli("bench", "--speedups", "2", "--batch-sizes", "1,2", "--new-tokens", "4", "--repeats", "1", "--json",
-               "--out", out)  # in-process: the command's code without an interpreter's start
+               "--out", out, "--no-llamacpp")  # in-process; llama.cpp's row: tests/test_llamacpp.py
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     rows = report["rows"]
