@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench-peers bench
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,3 +29,12 @@ clean:
 screenshots: $(STAMP)
 	bash scripts/setup_browser.sh
 	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py
+
+# llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py): llama-cpp-python compiled from
+# source for this CPU, about 10 minutes on 2 cores; never part of `make install` or `make test`.
+bench-peers: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -r requirements-peers.txt
+
+# Full depth and SkipDecode 3x at batch 1 beside llama.cpp on the same GGUF (docs/speed.md, "llama.cpp in the bench").
+bench: $(STAMP)
+	$(PY) -m skipdecode bench --speedups 1,3 --batch-sizes 1 --new-tokens 64 --repeats 3 --no-peer

@@ -38,6 +38,12 @@ class Linear:
         self.weight, self.bias = weight, bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if pack else None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes one product reads: the weight in its dtype and the bias (the benchmark's weight-streaming
+        floor sums these; a quantized linear counts its codes and scales instead)."""
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.bias) if t is not None)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)

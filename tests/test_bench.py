@@ -124,7 +124,7 @@ def test_speed_figure_is_built_from_rows():
 def test_bench_command_writes_documented_rows(tmp_path, cli):
     out = tmp_path / "bench.csv"
     done = cli("bench", "--speedups", "2", "--batch-sizes", "1,2", "--new-tokens", "4", "--repeats", "1", "--json",
-               "--out", out)  # in-process: the command's code without an interpreter's start
+               "--out", out, "--no-llamacpp")  # in-process; llama.cpp's row: tests/test_llamacpp.py
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     rows = report["rows"]
@@ -224,3 +224,34 @@ def test_only_a_readme_run_writes_the_shipped_table_by_default(tmp_path):
     quick = output_path(None, None)
     assert Path(quick).parent.is_dir() and Path(quick).resolve() != DEFAULT_OUT.resolve()
     assert output_path("", None) == "" and output_path(str(tmp_path / "b.csv"), "x") == str(tmp_path / "b.csv")
+
+
+def test_floor_counts_the_bytes_the_decoder_holds(engine):
+    """The floor reads each product's own `.nbytes`: for float32 that is 4 bytes a weight (today's floor,
+    the same figures as before), in bfloat16 half of that (the cache stays float32 on a CPU), and a
+    quantized product counts whatever its `.nbytes` says (its codes and scales)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conftest import tiny_model
+    from skipdecode.evaluation.bench import Reads
+    from skipdecode.transformer import Decoder
+
+    reads = Reads.of(engine.decoder)
+    assert reads == Reads(embedding=4 * D, layer=4 * LAYER, kv_only=4 * (D + D * 2 * KV), head=4 * HEAD,
+                          cache_column=4 * 2 * KV)
+    assert reads == CostModel.of(engine.decoder).reads(4)
+    assert engine.decoder.lm_head.nbytes == 4 * V * D
+
+    half = Decoder(tiny_model("llama").to(torch.bfloat16))
+    cost = CostModel.of(half)
+    assert Reads.of(half) == Reads(embedding=2 * cost.embedding, layer=2 * cost.layer, kv_only=2 * cost.kv_only,
+                                   head=2 * cost.head, cache_column=4 * 2 * half.kv_size)
+    norms = 2 * 2 * half.embed_tokens.shape[1]  # two RMSNorm weights of d, 2 bytes each
+    for block in half.blocks:
+        block.qkv, block.out, block.up, block.down = (SimpleNamespace(nbytes=n) for n in (300, 100, 600, 200))
+    packed = Reads.of(half)
+    assert packed.layer == norms + 1200 and packed.kv_only == norms // 2 + 300 * 2 * half.kv_size // (
+        half.q_size + 2 * half.kv_size)
+    assert packed.weights(4) == 4 * packed.layer + packed.head

@@ -14,11 +14,16 @@ compute for the layers above its exit (and an LM head per checked layer with the
 
 The weight-streaming floor: a decode step cannot be faster than reading what it needs from memory once:
 the weights the batch runs (each row's embedding row, the layers, the key/value rows of the layers only
-filled, the heads) plus each row's cached keys and values in the layers it runs, times the element size,
+filled, the heads) plus each row's cached keys and values in the layers it runs, in the bytes the decoder
+actually holds them in (`Reads`: each product's `.nbytes`, so 4-bit weights count their codes and scales),
 over the read bandwidth `torch.sum` reaches on a tensor of the model's weight size in the same run
 (`read_bandwidth`, once per round, round-robin with the cases; the best round counts: a floor is a limit).
 floor_ms_per_token = those bytes / that bandwidth, averaged over the decode steps; vs_floor = measured ms
 per token / floor (1.0 would be a step that only streams its weights).
+
+The llama.cpp row (llamacpp.py) runs llama-cpp-python on the very GGUF file the default model is read
+from, batch 1, greedy, the same prompt ids and threads, in the same rounds; our batch-1 rows get
+vs_llamacpp = their tokens/s / its tokens/s. Its floor counts the GGUF's stored bytes.
 
 Every run generates exactly `new_tokens` tokens per row (EOS does not stop it), so all rows of a run are
 comparable. Rounds go round-robin over the cases, so slow drift in machine load hits every case alike;
@@ -39,12 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import E2E_ENV, read_items, resolve
+from .llamacpp import METHOD
 
 E2E_TEST = "testset_w_refs.csv"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "results" / "bench.csv"  # the app shows it
 TABLE_FILE = Path("docs") / "speed.md"  # where `--readme` with no path writes the table (between the markers)
 README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode bench: end -->"
-GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3}
+GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3,
+         "vs_llamacpp": 1.0, "vs_llamacpp_3x": 1.5}  # the last two: issue 55, against llama.cpp on the same GGUF
 GPU_GOALS = {"vs_hf": 3.0, "speedup_3x": 2.0}  # issue 23, on a GPU: launches, not weights, set the pace there
 
 
@@ -86,19 +93,65 @@ class CostModel:
         return full / method
 
     def step_reads(self, layers: int, context: int, rows: int = 1, kv_only: int = 0, heads: int = 1) -> int:
-        """Elements one decode step of `rows` rows reads: the weights, once for the whole batch, and each
-        row's cached keys and values over `context` columns in the `layers` it runs."""
-        cache = rows * layers * 2 * self.kv_width * context
-        return rows * self.embedding + layers * self.layer + kv_only * self.kv_only + heads * self.head + cache
+        """Elements one decode step of `rows` rows reads (see `Reads.step`), one element per weight."""
+        return self.reads().step(layers, context, rows, kv_only, heads)
 
     def floor_ms(self, prompt: int, per_step, element_bytes: int, bytes_per_s: float) -> float:
-        """The weight-streaming floor: mean ms per decode step to read `step_reads` at `bytes_per_s`.
-        `per_step` as for `bound`; the batch runs its deepest row's layers, fills the keys and values of
-        the layers above them and checks as many heads as its busiest row."""
-        elements = sum(self.step_reads(max(t[0] for t in tokens), prompt + step + 1, len(tokens),
-                                       min(t[1] for t in tokens), max(t[2] for t in tokens))
-                       for step, tokens in enumerate(per_step))
-        return 1000.0 * elements * element_bytes / bytes_per_s / len(per_step)
+        """The floor as if every weight and cached element took `element_bytes` (see `Reads.floor_ms`)."""
+        return self.reads(element_bytes).floor_ms(prompt, per_step, bytes_per_s)
+
+    def reads(self, element_bytes: int = 1) -> "Reads":
+        return Reads(*(n * element_bytes for n in (self.embedding, self.layer, self.kv_only, self.head,
+                                                    2 * self.kv_width)))
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a decode step reads from memory, part by part, in bytes as the decoder holds its weights
+    (`of`): each product's own `.nbytes` (a dense float32 weight 4 bytes an element; a 4-bit one its codes
+    and their scales), the norms, one embedding row a token and the cached keys and values in the cache's
+    dtype. The floor is these bytes over the read bandwidth; MACs (`CostModel`) do not see a weight's
+    format, the floor must."""
+
+    embedding: int  # one row
+    layer: int  # norms and the four products of a layer (the mean over the layers)
+    kv_only: int  # what `Decoder.fill_kv` reads: the first norm and the key/value rows of the fused product
+    head: int  # final norm and LM head, in the head's own format
+    cache_column: int  # one cached column of one layer and one row: its keys and values
+
+    @classmethod
+    def of(cls, dec) -> "Reads":
+        from ..cache import cache_dtype
+
+        size = lambda *tensors: sum(t.numel() * t.element_size() for t in tensors if t is not None)  # noqa: E731
+        layers = [size(*b.norm1, *b.norm2) + sum(lin.nbytes for lin in (b.qkv, b.out, b.up, b.down))
+                  for b in dec.blocks]
+        block = dec.blocks[0]
+        # the key/value rows' share of the fused query/key/value product: every row of it takes the same bytes
+        kv_rows = block.qkv.nbytes * 2 * dec.kv_size // (dec.q_size + 2 * dec.kv_size)
+        cache = cache_dtype(dec.dtype, dec.device).itemsize
+        return cls(embedding=size(dec.embed_tokens[0]), layer=round(sum(layers) / len(layers)),
+                   kv_only=size(block.norm1[0]) + kv_rows, head=dec.lm_head.nbytes + size(*dec.final_norm),
+                   cache_column=2 * dec.kv_size * cache)
+
+    def step(self, layers: int, context: int, rows: int = 1, kv_only: int = 0, heads: int = 1) -> int:
+        """What one decode step of `rows` rows reads: the weights, once for the whole batch, and each row's
+        embedding row and cached keys and values over `context` columns in the `layers` it runs."""
+        cache = rows * layers * self.cache_column * context
+        return rows * self.embedding + layers * self.layer + kv_only * self.kv_only + heads * self.head + cache
+
+    def weights(self, num_layers: int) -> int:
+        """The bytes of a full-depth token's weights (the size of the bandwidth probe)."""
+        return num_layers * self.layer + self.head
+
+    def floor_ms(self, prompt: int, per_step, bytes_per_s: float) -> float:
+        """The weight-streaming floor: mean ms per decode step to read `step` at `bytes_per_s`. `per_step`
+        as for `CostModel.bound`; the batch runs its deepest row's layers, fills the keys and values of the
+        layers above them and checks as many heads as its busiest row."""
+        total = sum(self.step(max(t[0] for t in tokens), prompt + step + 1, len(tokens),
+                              min(t[1] for t in tokens), max(t[2] for t in tokens))
+                    for step, tokens in enumerate(per_step))
+        return 1000.0 * total / bytes_per_s / len(per_step)
 
 
 def schedule_steps(schedule, steps: int, rows: int = 1):
@@ -198,9 +251,10 @@ def agreement(ids: list[list[int]], full: list[list[int]], eos_ids) -> float:
 
 # ---- the run --------------------------------------------------------------------------------------
 def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tokens=64, repeats=5,
-        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None):
+        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None, llamacpp=None):
     """All cases of one benchmark; returns (rows, goals). `items`: E2E items (data.Item), at least as
-    many as the largest batch; a batch of B takes the first B. `labels` go into every row."""
+    many as the largest batch; a batch of B takes the first B. `labels` go into every row of ours.
+    `llamacpp` (a llamacpp.LlamaCpp) adds its row: the first prompt, batch 1, full depth, in the same rounds."""
     import torch
 
     from .peers import calibrate
@@ -224,8 +278,8 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
             say(f"  threshold {policy.threshold:.5f}: {reached:.2f} layers per token")
             cases += [Case("early_exit_peer", s, b, policy) for b in batch_sizes]
 
-    cost = CostModel.of(engine.decoder)
-    weight_bytes = (L * cost.layer + cost.head) * engine.decoder.dtype.itemsize
+    timed = cases + [Case(METHOD, 1, 1, llamacpp)] if llamacpp is not None else cases
+    weight_bytes = Reads.of(engine.decoder).weights(L)
     probe = torch.ones(weight_bytes // 4, dtype=torch.float32, device=engine.decoder.device)
     bandwidth = []  # bytes per second, one per counted round
     for round_ in range(warmup_rounds + repeats):
@@ -233,7 +287,12 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
         say(f"round {round_ + 1}/{warmup_rounds + repeats}" + ("" if counted else " (warm-up, not counted)"))
         if counted:
             bandwidth.append(read_bandwidth(probe))
-        for case in cases:
+        for case in timed:
+            if case.method == METHOD:
+                sample, case.generation = llamacpp.time(ids[0], new_tokens)
+                if counted:
+                    case.samples.append(sample)
+                continue
             sample, generation = time_engine(engine, ids[: case.batch_size], case.policy, new_tokens)
             if counted:
                 case.samples.append(sample)
@@ -245,7 +304,10 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
                     case.hf.append((total, first))
                 case.hf_tokens = tokens
     del probe
-    return summarize(engine, items, cases, new_tokens, peer_measure, labels or {}, max(bandwidth))
+    rows, _ = summarize(engine, items, cases, new_tokens, peer_measure, labels or {}, max(bandwidth))
+    if llamacpp is not None:
+        rows = with_llamacpp(rows, llamacpp_row(engine, timed[-1], cases, new_tokens, max(bandwidth)))
+    return rows, goals(rows)
 
 
 def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth):
@@ -254,7 +316,7 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
     from ..models import dtype_name
     from .peers import average_token_layers
 
-    cost = CostModel.of(engine.decoder)
+    cost, reads = CostModel.of(engine.decoder), Reads.of(engine.decoder)
     dtype = engine.decoder.dtype
     L, eos = engine.num_layers, engine.eos_ids
     full = {c.batch_size: c for c in cases if c.method == "full"}
@@ -267,8 +329,7 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
     rows = []
     for case in cases:
         B, trace = case.batch_size, case.generation.trace
-        totals, firsts, decodes = (sorted(x) for x in zip(*case.samples))
-        ms = statistics.median(decodes)
+        ms = statistics.median(s[2] for s in case.samples)
         steps = len(trace.steps)
         if case.method == "early_exit_peer":
             per_step = trace_steps(trace, heads_per_layer=peer_measure == "softmax")
@@ -277,11 +338,11 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
             per_step = schedule_steps(case.policy, steps, rows=B)
             layers = trace.average_layers
         bound = cost.bound(L, trace.prompt_tokens, per_step)
-        floor = cost.floor_ms(trace.prompt_tokens, per_step, dtype.itemsize, bandwidth)
+        floor = reads.floor_ms(trace.prompt_tokens, per_step, bandwidth)
         base = full[B]
         base_ms = statistics.median(sorted(s[2] for s in base.samples))
         base_total = statistics.median(sorted(s[0] for s in base.samples))
-        total = statistics.median(totals)
+        total = statistics.median(s[0] for s in case.samples)
         scored = biggest[(case.method, case.speedup)].generation
         texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
         row = {
@@ -289,12 +350,7 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
             "speedup": case.speedup, "batch_size": B, "new_tokens": new_tokens, "prompt_tokens": trace.prompt_tokens,
             "repeats": len(case.samples), "layers_per_token": round(layers, 3),
             "batch_layers_per_step": round(trace.average_layers, 3),
-            "ms_per_token": round(ms, 3), "ms_per_token_min": round(decodes[0], 3),
-            "ms_per_token_max": round(decodes[-1], 3), "tokens_per_s": round(1000 * B / ms, 2),
-            "floor_ms_per_token": round(floor, 3), "vs_floor": round(ms / floor, 3),
-            "read_gb_s": round(bandwidth / 1e9, 2),
-            "first_token_ms": round(statistics.median(firsts), 3),
-            "e2e_ms_per_token": round(total / new_tokens, 3), "e2e_tokens_per_s": round(1000 * B * new_tokens / total, 2),
+            **timings(case.samples, B, new_tokens, floor, bandwidth),
             "measured_speedup": round(base_ms / ms, 3), "e2e_speedup": round(base_total / total, 3),
             "bound": round(bound, 3), "efficiency": round(base_ms / ms / bound, 3),
             **{metric: round(value, 2) for metric, value in score(items[: len(texts)], texts).items()},
@@ -315,6 +371,51 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
             })
         rows.append(row)
     return rows, goals(rows)
+
+
+def timings(samples, batch: int, new_tokens: int, floor_ms: float, bandwidth: float) -> dict:
+    """A row's timing columns from its (total ms, first-token ms, decode ms per step) samples: medians,
+    the decode range, and the floor and bandwidth of the run."""
+    totals, firsts, decodes = (sorted(x) for x in zip(*samples))
+    ms, total = statistics.median(decodes), statistics.median(totals)
+    return {"ms_per_token": round(ms, 3), "ms_per_token_min": round(decodes[0], 3),
+            "ms_per_token_max": round(decodes[-1], 3), "tokens_per_s": round(1000 * batch / ms, 2),
+            "floor_ms_per_token": round(floor_ms, 3), "vs_floor": round(ms / floor_ms, 3),
+            "read_gb_s": round(bandwidth / 1e9, 2), "first_token_ms": round(statistics.median(firsts), 3),
+            "e2e_ms_per_token": round(total / new_tokens, 3),
+            "e2e_tokens_per_s": round(1000 * batch * new_tokens / total, 2)}
+
+
+def llamacpp_row(engine, case, cases, new_tokens: int, bandwidth: float) -> dict:
+    """llama.cpp's row, timed like ours; its floor from the bytes of its GGUF file as stored (4-bit blocks
+    and scales, the tied head in its own type; float16 keys and values); and how many of our full-depth
+    batch-1 tokens its greedy tokens reproduce (its 4-bit products against our float32 copy of the same
+    blocks: close, not equal)."""
+    from .llamacpp import CACHE_BYTES, gguf_bytes, same_prefix
+    from ..schedule import Schedule
+
+    runner, L = case.policy, engine.num_layers
+    full = next(c for c in cases if c.method == "full" and c.batch_size == 1)
+    prompt, reference = full.generation.trace.prompt_tokens, full.generation.token_ids[0]
+    stored = gguf_bytes(runner.gguf)
+    reads = Reads(stored["embedding"], stored["layer"], 0, stored["head"], 2 * engine.decoder.kv_size * CACHE_BYTES)
+    floor = reads.floor_ms(prompt, schedule_steps(Schedule.full(L), new_tokens - 1), bandwidth)
+    return {"method": METHOD, "weights": f"GGUF {runner.gguf.name} ({', '.join(stored['types'])})",
+            "device": "cpu", "threads": runner.threads, "llama_cpp_python": runner.version, "speedup": 1,
+            "batch_size": 1, "new_tokens": new_tokens, "prompt_tokens": prompt, "repeats": len(case.samples),
+            "layers_per_token": float(L), "batch_layers_per_step": float(L),
+            **timings(case.samples, 1, new_tokens, floor, bandwidth),
+            "agreement": round(agreement([case.generation], [reference], engine.eos_ids), 4),
+            "same_prefix_tokens": same_prefix(case.generation, reference)}
+
+
+def with_llamacpp(rows, cpp: dict) -> list[dict]:
+    """Our batch-1 rows with their tokens per second over llama.cpp's (decode; and end to end), then its row."""
+    for row in rows:
+        if row["batch_size"] == 1:
+            row["vs_llamacpp"] = round(row["tokens_per_s"] / cpp["tokens_per_s"], 3)
+            row["vs_llamacpp_e2e"] = round(row["e2e_tokens_per_s"] / cpp["e2e_tokens_per_s"], 3)
+    return rows + [cpp]
 
 
 def goals(rows) -> list[dict]:
@@ -342,6 +443,12 @@ def goals(rows) -> list[dict]:
     if "vs_floor" in at.get(("full", 1, 1), {}):
         goal("full depth, batch 1: ms/token / weight-streaming floor", at[("full", 1, 1)]["vs_floor"],
              GOALS["vs_floor"], op="<=")
+    if (METHOD, 1, 1) in at and "vs_llamacpp" in at.get(("full", 1, 1), {}):
+        goal("full depth, batch 1: tokens/s / llama.cpp's (same GGUF, threads and prompt)",
+             at[("full", 1, 1)]["vs_llamacpp"], GOALS["vs_llamacpp"])
+    if (METHOD, 1, 1) in at and "vs_llamacpp" in at.get(("skipdecode", 3, 1), {}):
+        goal("SkipDecode 3x, batch 1: tokens/s / llama.cpp's full-depth tokens/s",
+             at[("skipdecode", 3, 1)]["vs_llamacpp"], GOALS["vs_llamacpp_3x"])
     speedups = sorted({r["speedup"] for r in rows})
     for s in (s for s in speedups if s != 1):
         for b in (1, 16):
@@ -389,7 +496,7 @@ COLUMNS = [("method", "method", "{}"), ("speedup", "x", "{:g}"), ("batch_size", 
            ("tokens_per_s", "tok/s", "{:.1f}"), ("e2e_tokens_per_s", "e2e tok/s", "{:.1f}"),
            ("measured_speedup", "speedup", "{:.2f}"), ("bound", "bound", "{:.2f}"),
            ("efficiency", "efficiency", "{:.2f}"), ("hf_generate_tokens_per_s", "HF tok/s", "{:.1f}"),
-           ("vs_hf", "vs HF", "{:.2f}"), ("bleu", "BLEU", "{:.1f}"), ("ser", "SER %", "{:.1f}"),
+           ("vs_hf", "vs HF", "{:.2f}"), ("vs_llamacpp", "vs llama.cpp", "{:.2f}"), ("bleu", "BLEU", "{:.1f}"), ("ser", "SER %", "{:.1f}"),
            ("agreement", "agree", "{:.2f}")]
 
 
@@ -517,16 +624,17 @@ def cmd_bench(args) -> int:
 
         engine.decoder = Decoder(engine.model, pack=False)
     engine.graphs = args.graphs
-    labels = {"packed": engine.decoder.pack, "compiled": args.compile,
-              "cuda_graphs": engine.decoder.device.type == "cuda" and args.graphs != "off"}
+    dtype = dtype_name(engine.decoder.dtype)
+    labels = {"weights": getattr(engine, "weights_label", dtype), "packed": engine.decoder.pack,
+              "compiled": args.compile, "cuda_graphs": engine.decoder.device.type == "cuda" and args.graphs != "off"}
     if args.compile:
         labels["compile_s"] = compile_engine(engine, items, batch_sizes, args.new_tokens, say)
+    llamacpp = None if args.no_llamacpp else open_llamacpp(engine, items, batch_sizes, args.new_tokens, say)
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
-                          labels=labels)
-    dtype = dtype_name(engine.decoder.dtype)
+                          labels=labels, llamacpp=llamacpp)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
-              "date": time.strftime("%Y-%m-%d"), "dtype": dtype,
+              "date": time.strftime("%Y-%m-%d"), "dtype": dtype, "weights": labels["weights"],
               "precision": precision_reason(engine.decoder.device) if args.dtype == "auto" else f"{dtype}: --dtype",
               "read_gb_s": rows[0]["read_gb_s"], "labels": labels,
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -554,6 +662,26 @@ def output_path(out: str | None, readme: str | None) -> str:
     if readme:
         return str(DEFAULT_OUT)
     return str(Path(tempfile.mkdtemp(prefix="skipdecode-bench-")) / "bench.csv")
+
+
+def open_llamacpp(engine, items, batch_sizes, new_tokens, say):
+    """llama.cpp for this run's row (llamacpp.py), or None after one line saying why there is none."""
+    import torch
+
+    from .llamacpp import Unavailable, for_engine
+
+    try:
+        if 1 not in batch_sizes:
+            raise Unavailable("no llama.cpp row: it runs batch 1, and --batch-sizes has no 1")
+        if engine.decoder.device.type != "cpu":
+            raise Unavailable("no llama.cpp row: it is compared on the CPU, and this run is on "
+                              f"{engine.decoder.device.type}")
+        runner = for_engine(engine, len(engine.encode(items[0].prompt)) + new_tokens, torch.get_num_threads())
+    except Unavailable as why:
+        say(str(why))
+        return None
+    say(f"llama.cpp (llama-cpp-python {runner.version}) on {runner.gguf.name}, {runner.threads} threads")
+    return runner
 
 
 def compile_engine(engine, items, batch_sizes, new_tokens, say) -> float:
@@ -589,6 +717,8 @@ def register(subparsers) -> None:
                        help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)")
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
+    bench.add_argument("--no-llamacpp", action="store_true",
+                       help="skip llama.cpp on the same GGUF (a batch-1 row; needs llama-cpp-python: make bench-peers)")
     bench.add_argument("--peer-measure", choices=("state", "softmax"), default="state")
     bench.add_argument("--out", default=None,
                        help="CSV to write (and .json beside it); '' for none (default: assets/results/bench.csv with "

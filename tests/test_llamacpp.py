@@ -1,0 +1,75 @@
+"""llama.cpp in the benchmark: its row from a real run when llama-cpp-python is installed (`make
+bench-peers`; CI does not install it, and then these skip), and a clear line naming that command when it
+is missing."""
+
+import json
+import sys
+
+import pytest
+
+from skipdecode.evaluation.llamacpp import INSTALL, METHOD, Unavailable, import_llama_cpp, same_prefix
+
+BENCH = ("bench", "--speedups", "1,3", "--batch-sizes", "1", "--new-tokens", "8", "--repeats", "1", "--no-hf",
+         "--no-peer", "--json", "--out", "")
+
+
+def test_missing_llamacpp_is_one_line_naming_make_bench_peers(monkeypatch, cli):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if it were not installed: `import` fails
+    with pytest.raises(Unavailable, match=f"`{INSTALL}` installs"):
+        import_llama_cpp()
+    done = cli("bench", "--speedups", "1", "--batch-sizes", "1", "--new-tokens", "2", "--repeats", "1", "--no-hf",
+               "--json", "--out", "")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if INSTALL in line]
+    assert len(lines) == 1 and "no llama.cpp row" in lines[0] and "llama-cpp-python" in lines[0]
+    rows = json.loads(done.stdout)["rows"]
+    assert [r["method"] for r in rows] == ["full"] and "vs_llamacpp" not in rows[0]  # and the bench went on
+
+
+def test_same_prefix():
+    assert same_prefix([1, 2, 3], [1, 2, 4]) == 2 and same_prefix([1, 2], [1, 2, 3]) == 2
+    assert same_prefix([5], [1]) == 0
+
+
+def test_llamacpp_row_from_a_real_run(cli):
+    pytest.importorskip("llama_cpp")
+    done = cli(*BENCH)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert list(rows) == ["full", "skipdecode", METHOD]
+    cpp, full = rows[METHOD], rows["full"]
+    # like with like: the same prompt ids, length, batch and threads as our full-depth row
+    assert (cpp["prompt_tokens"], cpp["new_tokens"], cpp["batch_size"]) == (full["prompt_tokens"], 8, 1)
+    assert cpp["threads"] == report["machine"]["torch_threads"] and cpp["repeats"] == 1
+    assert cpp["weights"].startswith("GGUF SmolLM2-135M-Instruct.Q4_1.gguf") and "Q4_1" in cpp["weights"]
+    assert cpp["tokens_per_s"] == pytest.approx(1000 / cpp["ms_per_token"], rel=0.01)
+    assert 0 < cpp["first_token_ms"] and 0 < cpp["e2e_tokens_per_s"] < cpp["tokens_per_s"]
+    # its floor counts the GGUF's 4-bit bytes: far fewer than our float32 weights
+    assert 0 < cpp["floor_ms_per_token"] < full["floor_ms_per_token"] / 3
+    assert 0 <= cpp["agreement"] <= 1 and 0 <= cpp["same_prefix_tokens"] <= 8
+    for ours in (full, rows["skipdecode"]):
+        assert ours["vs_llamacpp"] == pytest.approx(ours["tokens_per_s"] / cpp["tokens_per_s"], rel=0.01)
+    goals = {g["goal"]: g for g in report["goals"]}
+    assert goals["full depth, batch 1: tokens/s / llama.cpp's (same GGUF, threads and prompt)"]["value"] == \
+        pytest.approx(full["vs_llamacpp"], rel=0.01)
+    assert goals["SkipDecode 3x, batch 1: tokens/s / llama.cpp's full-depth tokens/s"]["threshold"] == 1.5
+
+
+def test_llamacpp_runs_the_whole_prompt_every_call(engine):
+    """Each timed call starts from an empty cache (llama-cpp-python would reuse a cached prompt) and
+    generates exactly the tokens asked for, past EOS: greedy, so the same tokens every time."""
+    pytest.importorskip("llama_cpp")
+    from skipdecode.evaluation.llamacpp import for_engine
+
+    ids = engine.encode("name[The Eagle], food[Italian]")
+    runner = for_engine(engine, len(ids) + 6, threads=1)
+    evaluated = []
+    real = runner.llm.eval
+    runner.llm.eval = lambda tokens: (evaluated.append(len(tokens)), real(tokens))[1]
+    timings, first = runner.time(ids, 6)
+    _, again = runner.time(ids, 6)
+    assert len(first) == 6 and again == first
+    assert evaluated == [len(ids), 1, 1, 1, 1, 1] * 2  # the prompt, then one token a step, twice
+    total, to_first, per_step = timings
+    assert 0 < to_first < total and per_step == pytest.approx((total - to_first) / 5)
