@@ -117,11 +117,13 @@ def divergence(dec: Decoder, prompt_ids: Sequence[int], token_ids: Sequence[int]
 @dataclass
 class Lens:
     """One position of one run, layer by layer: the layers that ran and, after each, the top tokens of
-    final norm + LM head, (token id, probability), likeliest first. The last row is what the run chose."""
+    final norm + LM head, (token id, probability), likeliest first, and the probability of the run's final
+    choice (the last row's first token), where the choice settles."""
 
     position: int
     layers: list[int]
     top: list[list[tuple[int, float]]]
+    final: list[float]
 
     @property
     def choice(self) -> int:
@@ -143,11 +145,12 @@ class Lens:
 
     def to_dict(self) -> dict:
         return {"position": self.position, "layers": self.layers, "top": [[list(p) for p in t] for t in self.top],
-                "depth": self.depth, "settled": self.settled}
+                "final": self.final, "depth": self.depth, "settled": self.settled}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Lens":
-        return cls(data["position"], list(data["layers"]), [[tuple(p) for p in t] for t in data["top"]])
+        return cls(data["position"], list(data["layers"]), [[tuple(p) for p in t] for t in data["top"]],
+                   list(data["final"]))
 
 
 @torch.inference_mode()
@@ -172,6 +175,7 @@ def lens(dec: Decoder, prompt_ids: Sequence[int], token_ids: Sequence[int],
     out = []
     for i, column in zip(positions, columns):
         layers = [layer for layer, _ in watched[column]]
-        _, top_p, top_i = _top(dec, torch.stack([h for _, h in watched[column]]), k)
-        out.append(Lens(i, layers, [_pairs(ids, ps) for ids, ps in zip(top_i, top_p)]))
+        probs, top_p, top_i = _top(dec, torch.stack([h for _, h in watched[column]]), k)
+        final = [round(float(p), 4) for p in probs[:, top_i[-1, 0]]]
+        out.append(Lens(i, layers, [_pairs(ids, ps) for ids, ps in zip(top_i, top_p)], final))
     return out

@@ -6,7 +6,7 @@ import torch
 from conftest import IdTokenizer, tiny_model
 from skipdecode import lens
 from skipdecode.engine import Engine
-from skipdecode.schedule import Schedule, for_speedup
+from skipdecode.schedule import for_speedup
 
 PROMPT = [1, 10, 20, 30, 40]
 # The tie test's bound: full depth may choose otherwise only where its two candidates' probabilities are
@@ -64,13 +64,17 @@ def test_the_skipped_lens_reproduces_what_skipdecode_chose(tiny):
     for view in skipped + full:
         assert view.depth in view.layers and view.settled in view.layers and view.depth <= view.settled
         assert view.top[view.layers.index(view.settled)][0][0] == view.choice
+        assert len(view.final) == len(view.layers) and view.final[-1] == view.top[-1][0][1]
+        for p, top in zip(view.final, view.top):  # the final choice's probability after each layer
+            listed = dict(top)
+            assert p == listed[view.choice] if view.choice in listed else p <= top[-1][1]
         assert lens.Lens.from_dict(view.to_dict()) == view
 
 
 def test_prediction_depth_and_settling():
-    view = lens.Lens(3, [0, 1, 4, 5], [[(7, .5)], [(9, .4)], [(7, .3)], [(9, .6)]])
+    view = lens.Lens(3, [0, 1, 4, 5], [[(7, .5)], [(9, .4)], [(7, .3)], [(9, .6)]], [.1, .4, .2, .6])
     assert (view.choice, view.depth, view.settled) == (9, 1, 5)
-    view = lens.Lens(3, [0, 1, 4, 5], [[(9, .5)], [(8, .4)], [(9, .3)], [(9, .6)]])
+    view = lens.Lens(3, [0, 1, 4, 5], [[(9, .5)], [(8, .4)], [(9, .3)], [(9, .6)]], [.5, .3, .3, .6])
     assert (view.depth, view.settled) == (0, 4)
 
 
