@@ -253,5 +253,6 @@ def _plain(side: dict, L: int) -> str:
 # ---- 3. export: every figure as PNG, drawn by plotly in the browser ----------------------------------
 FIGURES = ("sd-budget-plot", "sd-layer-plot", "sd-latency-plot", "sd-divergence-plot", "sd-lens-plot")
 PNG_JS = ("async () => { for (const id of %s) { const plot = document.querySelector('#' + id + ' .js-plotly-plot'); "
-          "const button = plot && plot.querySelector('.modebar-btn[data-title*=\"png\" i]'); "
-          "if (button) { button.click(); await new Promise((done) => setTimeout(done, 600)); } } }") % list(FIGURES)
+          "if (!plot || !window.Plotly) continue; await window.Plotly.downloadImage(plot, {format: 'png', "
+          "filename: 'skipdecode-' + id.slice(3), width: plot.offsetWidth, height: plot.offsetHeight, scale: 2}); "
+          "await new Promise((done) => setTimeout(done, 400)); } }") % list(FIGURES)
