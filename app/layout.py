@@ -148,7 +148,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         full_out = gr.HTML(views.EMPTY_OUTPUT, elem_id="sd-full-output")
                 gr.HTML(views.legend_html(L))
                 part_note = gr.Markdown(elem_id="sd-part-note")
-                metrics = gr.HTML(views.metrics_html(None))
+                metrics = gr.HTML(views.metrics_html(None), elem_id="sd-metrics")
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=2):
                         quality = gr.HTML(views.quality_html(None), elem_id="sd-quality")
