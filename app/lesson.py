@@ -133,8 +133,10 @@ class Lesson:
                   f"({record['hardware'].get('device')}, {record['hardware'].get('dtype')}); no model ran. "
                   + views.status_markdown(comparison, False).removeprefix("Done. "))
         budget, layer_map, latency = views.compare_figures(comparison)
+        settings = record.get("settings") or {}
+        controls = (record["prompt"], settings.get("speedup", gr.skip()), settings.get("max_new_tokens", gr.skip()))
         return ((record, status, full, views.metrics_html(comparison), views.quality_html(comparison), budget,
-                 layer_map, latency) + self._shown(record, None) + (None,))
+                 layer_map, latency) + self._shown(record, None) + (None,) + controls)
 
     # ---- presentation -------------------------------------------------------------------------
     @staticmethod

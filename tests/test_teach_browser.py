@@ -81,8 +81,9 @@ def test_marks_show_where_full_depth_would_choose_otherwise_and_hover_names_its_
     teach.wait_for_timeout(300)
     box = teach.locator("#sd-skip-output").bounding_box()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    teach.screenshot(path=str(SHOTS / "teach-marks.png"), clip={"x": box["x"] - 10, "y": box["y"] - 10,
-                                                                 "width": box["width"] + 20, "height": box["height"] + 130})
+    teach.screenshot(path=str(SHOTS / "teach-marks.png"),  # the box, and its hover card wherever the token is
+                     clip={"x": box["x"] - 10, "y": box["y"] - 10, "width": min(box["width"] + 340, 1430 - box["x"]),
+                           "height": box["height"] + 150})
     teach.mouse.move(0, 0)
     teach.locator("#sd-divergence-plot .js-plotly-plot .legend").wait_for(timeout=30_000)
     assert "full depth: SkipDecode's token" in teach.locator("#sd-divergence-plot").inner_text()
@@ -154,6 +155,8 @@ def test_export_then_replay_draws_the_same_page_without_a_model(teach, browser, 
     fresh.set_input_files("#sd-replay-file input[type=file]", str(exported))
     fresh.wait_for_selector("#sd-skip-output .sd-marked", timeout=60_000)
     assert fresh.locator("#sd-status").inner_text().startswith("Replayed")
+    assert fresh.locator("#sd-prompt textarea").input_value() == PROMPT
+    assert fresh.locator("#sd-max-new-tokens input[type=number]").input_value() == str(TOKENS)
     fresh.locator(f"#sd-skip-output .sd-token[data-pos='{position}']").click()
     fresh.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
     for selector in PLOTS:
