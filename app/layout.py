@@ -286,7 +286,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         position.release(lesson.pick, [position, record, last], pick_outputs, api_visibility="private",
                          concurrency_limit=concurrency, concurrency_id="decode")
         step_inputs = [record, position, shown_layers]
-        next_layer.click(lesson.next_layer, step_inputs, [lens_view, shown_layers], api_visibility="private", queue=False)
+        next_layer.click(lesson.next_layer, step_inputs, [lens_view, shown_layers], api_visibility="private",
+                         queue=False)
         previous_layer.click(lesson.previous_layer, step_inputs, [lens_view, shown_layers], api_visibility="private",
                              queue=False)
         play.click(lesson.play, step_inputs, [lens_view, shown_layers, player], api_visibility="private", queue=False)

@@ -129,5 +129,6 @@ def read(path: str | os.PathLike) -> dict:
     try:
         comparison(data)
     except (KeyError, TypeError, ValueError, AssertionError) as error:
-        raise ValueError(f"this exported comparison is incomplete or damaged ({type(error).__name__}: {error})") from None
+        raise ValueError(f"this exported comparison is incomplete or damaged "
+                         f"({type(error).__name__}: {error})") from None
     return data

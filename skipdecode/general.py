@@ -16,7 +16,8 @@ which is also what a skip-aware adapter for general prompts is trained to reprod
 - `eval --prompts` rows, one per speedup: ROUGE-L and BLEU against the full answer, the median over
   prompts of perplexity(answer) / perplexity(full answer) under the full-depth base model, agreement
   (the share of the full answer's tokens reproduced at the same position), agreement_tf (the share of an
-  answer's tokens that full depth would have chosen itself from the same prefix, teacher-forced), repetition (the share of an
+  answer's tokens that full depth would have chosen itself from the same prefix, teacher-forced),
+  repetition (the share of an
   answer's word 3-grams that already occurred earlier in it, mean over answers), layers per token and
   decode speedup against the full-depth run. The 1x row of the base model is the full answer itself (the
   repetition level to compare with).
@@ -436,11 +437,12 @@ def results_place(prompts: str, out=None, limit: int | None = None, adapter: str
 
 
 def markdown(rows: list[GeneralRow]) -> str:
-    lines = ["| speedup | adapter | ROUGE-L vs full | BLEU vs full | ppl ratio | agreement % | agreement, same prefix % |"
-             " repetition % | layers/token | decode speedup |", "|" + "---|" * 10]
+    lines = ["| speedup | adapter | ROUGE-L vs full | BLEU vs full | ppl ratio | agreement % |"
+             " agreement, same prefix % | repetition % | layers/token | decode speedup |", "|" + "---|" * 10]
     for r in rows:
         lines.append(f"| {r.speedup:g}x | {r.adapter} | {r.rouge_l_vs_full:.1f} | {r.bleu_vs_full:.1f} | "
-                     f"{r.ppl_ratio:.2f} | {r.agreement:.1f} | {r.agreement_tf:.1f} | {r.repetition:.1f} | {r.avg_layers:.1f} | "
+                     f"{r.ppl_ratio:.2f} | {r.agreement:.1f} | {r.agreement_tf:.1f} | {r.repetition:.1f} | "
+                     f"{r.avg_layers:.1f} | "
                      f"{r.decode_speedup:.2f}x |")
     return "\n".join(lines)
 

@@ -226,7 +226,8 @@ def test_eval_prompts_command_smoke(tmp_path, cli):
     rows = json.loads(done.stdout)
     at_3x = getattr(pick_adapter(3.0, None, "Write a haiku about the sea.")[0], "name", "none")
     assert [(r["speedup"], r["adapter"]) for r in rows] == [(1.0, "none"), (3.0, at_3x)]
-    fields = {"speedup", "adapter", "rouge_l_vs_full", "bleu_vs_full", "ppl_ratio", "agreement", "agreement_tf", "repetition",
+    fields = {"speedup", "adapter", "rouge_l_vs_full", "bleu_vs_full", "ppl_ratio", "agreement", "agreement_tf",
+              "repetition",
               "avg_layers", "decode_speedup"}
     assert all(fields <= set(r) and r["prompts"] == 3 for r in rows)
     assert rows[0]["rouge_l_vs_full"] == 100 and rows[0]["ppl_ratio"] == 1 and rows[0]["avg_layers"] == 30
