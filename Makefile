@@ -28,4 +28,4 @@ clean:
 .PHONY: screenshots
 screenshots: $(STAMP)
 	bash scripts/setup_browser.sh
-	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py
+	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     args = parser.parse_args()
     os.environ.setdefault("SKIPDECODE_BATCH_WINDOW_S", "0")
+    from app.replay import hardware
     from app.studio import AUTO, Settings, Studio
 
     studio = Studio()
@@ -54,9 +54,11 @@ def main() -> int:
         shares.append(share)
         print(f"{len(comparison.skip.token_ids):3d} tokens  comparison {wall:7.0f} ms  divergence "
               f"{comparison.divergence_ms:6.1f} ms  {100 * share:4.1f}%  agreement {comparison.divergence.agreement}")
+    machine = hardware(studio.engine().decoder.device, "")
     print(f"median divergence share of a comparison's wall time: {100 * statistics.median(shares):.1f}% "
-          f"({len(shares)} comparisons, {args.speedup:g}x, {args.tokens} new tokens, {platform.processor() or 'cpu'}, "
-          f"{os.cpu_count()} cores)")
+          f"(range {100 * min(shares):.1f}-{100 * max(shares):.1f}%; {len(shares)} comparisons, {args.speedup:g}x, "
+          f"{args.tokens} new tokens, {machine.get('gpu') or machine['cpu']}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f})")
     return 0
 
 
