@@ -298,8 +298,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         export.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
                      concurrency_limit=concurrency, concurrency_id="decode")
         replay_file.upload(lesson.replay, [replay_file], [record, status, full_out, metrics, quality, budget_plot,
-                                                          layer_plot, latency_plot, *shown_outputs, last, prompt,
-                                                          speedup, max_new_tokens],
+                                                          layer_plot, latency_plot, *shown_outputs, last],
                            api_visibility="private", queue=False)
         slide_outputs = [slide, slide_plot, slide_index]
         present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)

@@ -8,6 +8,8 @@ Export and replay move the record through a JSON file; the presentation view sho
 
 from __future__ import annotations
 
+import html
+
 import gradio as gr
 
 from . import plots, replay, teach, views
@@ -129,14 +131,15 @@ class Lesson:
             comparison = replay.comparison(record)
         L = record["num_layers"]
         full = views.tokens_html(record["full"]["pieces"], record["full"]["layers"], L)
+        # The prompt and settings are shown, not put back into the controls: a control that changes redraws
+        # the schedule preview over the replayed budget plot.
         status = (f"**Replayed** from an export made {record['exported']} on {record['hardware'].get('cpu')} "
                   f"({record['hardware'].get('device')}, {record['hardware'].get('dtype')}); no model ran. "
+                  f"Prompt: “{html.escape(record['prompt'])}”. "
                   + views.status_markdown(comparison, False).removeprefix("Done. "))
         budget, layer_map, latency = views.compare_figures(comparison)
-        settings = record.get("settings") or {}
-        controls = (record["prompt"], settings.get("speedup", gr.skip()), settings.get("max_new_tokens", gr.skip()))
         return ((record, status, full, views.metrics_html(comparison), views.quality_html(comparison), budget,
-                 layer_map, latency) + self._shown(record, None) + (None,) + controls)
+                 layer_map, latency) + self._shown(record, None) + (None,))
 
     # ---- presentation -------------------------------------------------------------------------
     @staticmethod

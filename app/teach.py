@@ -46,6 +46,7 @@ CSS = """
 .sd-lens td { padding: .12rem .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; }
 .sd-lens tr.sd-skipped td { color: #cbd5e1; }
 .sd-lens tr.sd-hidden { visibility: hidden; }
+.sd-lens tr.sd-hidden td { border-color: transparent !important; }
 .sd-lens tr.sd-now td { background: #fef3c7; }
 .sd-lens .sd-final { font-weight: 650; }
 .sd-lens-head { font-weight: 600; margin: 0 0 .3rem 0; }
@@ -168,6 +169,8 @@ def _lens_table(record: dict, view: dict, title: str, shown_layers: int | None, 
     head = "<tr><th>layer</th><th>1st</th><th>2nd</th><th>3rd</th></tr>"
     note = (f"ran {len(view['layers'])} of {L} layers; prediction depth {view['depth']} (the first layer whose top "
             f"token is the final one), settled from layer {view['settled']}")
+    if shown_layers is not None and shown_layers < L:  # the class guesses before the answer shows
+        note = f"stepping through: layers 0-{shown_layers - 1} of {L} shown"
     return (f'<div><div class="sd-lens-head">{title}</div><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
             f'</table><div class="sd-lens-note">{note}</div></div>')
 

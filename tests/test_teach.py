@@ -78,6 +78,7 @@ def test_the_layer_view_shows_the_run_layers_and_steps_through_them(record, comp
     assert view.count("prediction depth") == 2 and "sd-hidden" not in view
     two = teach.lens_html(record, position, shown_layers=2)
     assert two.count('class="sd-hidden') == 2 * (L - 2) and two.count("sd-now") == 2
+    assert "prediction depth" not in two and two.count(f"layers 0-1 of {L} shown") == 2  # no answer before the top
     figure = teach.lens_figure(record, position)
     assert [list(t.x) for t in figure.data] == [comparison.lenses[s][position].layers for s in ("skipdecode", "full")]
 

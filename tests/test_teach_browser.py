@@ -155,8 +155,7 @@ def test_export_then_replay_draws_the_same_page_without_a_model(teach, browser, 
     fresh.set_input_files("#sd-replay-file input[type=file]", str(exported))
     fresh.wait_for_selector("#sd-skip-output .sd-marked", timeout=60_000)
     assert fresh.locator("#sd-status").inner_text().startswith("Replayed")
-    assert fresh.locator("#sd-prompt textarea").input_value() == PROMPT
-    assert fresh.locator("#sd-max-new-tokens input[type=number]").input_value() == str(TOKENS)
+    assert PROMPT in fresh.locator("#sd-status").inner_text()
     fresh.locator(f"#sd-skip-output .sd-token[data-pos='{position}']").click()
     fresh.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
     for selector in PLOTS:
