@@ -13,6 +13,7 @@ from . import plots, results, teach, views
 from .callbacks import DECODINGS, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
+from .lesson import GPU_CALLBACKS as LESSON_GPU_CALLBACKS
 from .lesson import PLAY_EVERY_S, Lesson
 from .studio import Studio, public_name
 
@@ -78,7 +79,7 @@ def theme() -> gr.themes.Base:
 def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
     """The page; `concurrency`: decoding requests in flight at once (more wait in Gradio's queue)."""
     cb = gpu_callbacks(Callbacks(studio))  # on ZeroGPU the model-running handlers run in GPU calls
-    lesson = Lesson(studio)
+    lesson = gpu_callbacks(Lesson(studio), LESSON_GPU_CALLBACKS)
     start = studio.default_speedup  # a question and a restaurant record both get an adapter there
     engine = studio.engine()
     L = engine.num_layers

@@ -17,6 +17,7 @@ from .callbacks import settings_from, user_errors
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
+GPU_CALLBACKS = ("pick", "export")  # the handlers that run a model (app/gpu.py decorates them on ZeroGPU)
 
 
 class Lesson:
@@ -64,6 +65,8 @@ class Lesson:
                 teach.lens_html(record, position), teach.lens_figure(record, position), None, gr.Timer(active=False))
 
     def clicked(self, record, comparison, evt: gr.EventData):
+        """A click on the SkipDecode answer: `pick` the token clicked (the event's data stays here; only
+        plain values go on to `pick`, which may run in a GPU call)."""
         position = getattr(evt, "position", None)
         if position is None:  # a click beside the tokens
             return (gr.skip(),) * 7

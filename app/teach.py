@@ -38,11 +38,13 @@ CSS = """
 .sd-token:hover > .sd-tip { display: block; }
 .sd-tip b { color: #fcd34d; }
 .sd-tip table { border-collapse: collapse; margin-top: .25rem; width: 100%; }
-.sd-tip td { padding: .05rem .3rem .05rem 0; border: none !important; background: transparent !important; color: #f8fafc; }
+.sd-tip td { padding: .05rem .3rem .05rem 0; border: none !important; background: transparent !important;
+  color: #f8fafc; }
 .sd-part-summary { font-size: .92rem; margin: .2rem 0 .4rem 0; }
 .sd-lens { display: grid; grid-template-columns: 1fr 1fr; gap: .8rem; }
 .sd-lens table { width: 100%; border-collapse: collapse; font-size: .85rem; }
-.sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem; border-bottom: 1px solid #e2e8f0; }
+.sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem;
+  border-bottom: 1px solid #e2e8f0; }
 .sd-lens td { padding: .12rem .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; }
 .sd-lens tr.sd-skipped td { color: #cbd5e1; }
 .sd-lens tr.sd-hidden { visibility: hidden; }
@@ -128,7 +130,8 @@ def divergence_figure(record: dict) -> go.Figure:
                 marker_color=[plots.HOLE if p else plots.SKIP for p in parted], opacity=0.35,
                 yaxis="y2", hovertemplate="token %{x}: %{y} layers<extra></extra>")
     fig.add_scatter(x=positions, y=[t["full_prob"] for t in found["tokens"]], name="full depth: its own choice",
-                    mode="lines+markers", line=dict(color=plots.FULL), hovertemplate="token %{x}: %{y:.2f}<extra></extra>")
+                    mode="lines+markers", line=dict(color=plots.FULL),
+                    hovertemplate="token %{x}: %{y:.2f}<extra></extra>")
     fig.add_scatter(x=positions, y=[t["skip_prob"] for t in found["tokens"]], name="full depth: SkipDecode's token",
                     mode="markers", marker=dict(color=["#dc2626" if p else plots.SKIP for p in parted], size=9,
                                                 symbol=["x" if p else "circle" for p in parted]),
@@ -158,7 +161,8 @@ def _lens_table(record: dict, view: dict, title: str, shown_layers: int | None, 
         if shown_layers is not None and layer == shown_layers - 1:
             classes.append("sd-now")
         if layer not in tops:
-            rows.append(f'<tr class="{" ".join(classes + ["sd-skipped"])}"><td>{layer}</td><td colspan="3">skipped</td></tr>')
+            rows.append(f'<tr class="{" ".join(classes + ["sd-skipped"])}"><td>{layer}</td>'
+                        '<td colspan="3">skipped</td></tr>')
             continue
         cells = []
         for token, prob in tops[layer]:
@@ -234,7 +238,8 @@ def slide_html(record: dict | None, index: int) -> str:
     if name == "answers":
         sides = [(f"SkipDecode ({record['model']})", _plain(record["skipdecode"], L)),
                  (f"Full decoding ({record['full_model']})", _plain(record["full"], L))]
-        body = '<div class="sd-slide-grid">' + "".join(f"<div><b>{html.escape(t)}</b>{o}</div>" for t, o in sides) + "</div>"
+        body = "".join(f"<div><b>{html.escape(t)}</b>{o}</div>" for t, o in sides)
+        body = f'<div class="sd-slide-grid">{body}</div>'
     elif name == "marks":
         body = marked_html(record) + f'<div class="sd-slide-note">{summary_text(record)}</div>'
     return (f'<div class="sd-present"><h2>{title}</h2>{body}<div class="sd-slide-note">slide {index % len(SLIDES) + 1} '

@@ -19,9 +19,9 @@ SAME = ("#sd-skip-output .sd-output", "#sd-full-output .sd-output", "#sd-lens .s
         "#sd-metrics .sd-cards")
 # An element's HTML with its attributes sorted: a page that updates an element in place may keep the order
 # of its old attributes, a fresh page writes them as the HTML gives them.
-HTML = ("(root) => { const walk = (n) => n.nodeType === 3 ? n.textContent : n.nodeType !== 1 ? '' : '<' + n.tagName + ' ' "
-        "+ [...n.attributes].map((a) => a.name + '=' + a.value).sort().join(' ') + '>' + [...n.childNodes].map(walk).join('') "
-        "+ '</' + n.tagName + '>'; return walk(root); }")
+HTML = ("(root) => { const walk = (n) => n.nodeType === 3 ? n.textContent : n.nodeType !== 1 ? '' : "
+        "'<' + n.tagName + ' ' + [...n.attributes].map((a) => a.name + '=' + a.value).sort().join(' ') + '>' "
+        "+ [...n.childNodes].map(walk).join('') + '</' + n.tagName + '>'; return walk(root); }")
 PLOTS = ("#sd-divergence-plot", "#sd-lens-plot", "#sd-budget-plot", "#sd-layer-plot")
 
 
@@ -171,7 +171,8 @@ def test_the_presentation_view_shows_one_thing_at_a_time_and_follows_the_keyboar
     title = teach.locator("#sd-slide h2")
     title.get_by_text("SkipDecode beside full decoding").wait_for(timeout=30_000)
     assert teach.locator("#sd-slide .sd-output").count() == 2 and not teach.locator("#sd-slide-plot").is_visible()
-    assert float(teach.locator("#sd-slide .sd-output").first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")) >= 22
+    size = teach.locator("#sd-slide .sd-output").first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+    assert size >= 22  # large type: the page's outputs are 15.7 px
     screenshot(teach, "present-answers.png")
     seen = [title.inner_text()]
     for _ in range(6):
