@@ -89,7 +89,7 @@ def test_at_speedup_1_full_depth_agrees_everywhere_but_near_ties(client):
     """SkipDecode at 1x runs every layer: full depth's teacher-forced choice differs only where float
     rounding (one column at a time against all at once) flips two near-equal candidates."""
     for prompt in (PROMPT, "Explain in one paragraph why the sky is blue."):
-        found = client.predict(prompt, 1.0, 48, api_name="/compare")["divergence"]
+        found = client.predict(prompt, 1.0, 32, api_name="/compare")["divergence"]
         assert len(found["tokens"]) > 10
         for t in found["tokens"]:
             if t["token"] != t["full_token"]:
