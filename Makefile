@@ -28,7 +28,7 @@ clean:
 .PHONY: screenshots
 screenshots: $(STAMP)
 	bash scripts/setup_browser.sh
-	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py
+	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py
 
 # llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py): llama-cpp-python compiled from
 # source for this CPU, about 10 minutes on 2 cores; never part of `make install` or `make test`.

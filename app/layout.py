@@ -9,10 +9,12 @@ import gradio as gr
 from skipdecode.models import dtype_name, precision_reason
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import plots, results, views
+from . import plots, results, teach, views
 from .callbacks import DECODINGS, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
+from .lesson import GPU_CALLBACKS as LESSON_GPU_CALLBACKS
+from .lesson import PLAY_EVERY_S, Lesson
 from .studio import Studio, public_name
 
 CSS = """
@@ -50,7 +52,7 @@ CSS = """
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
 #sd-status { min-height: 2.4rem; font-size: .9rem; }
-"""
+""" + teach.CSS
 
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
 INTRO = ("Every token at one position of a batch gets the same **layer budget**; the budget never grows, and it is "
@@ -77,6 +79,7 @@ def theme() -> gr.themes.Base:
 def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
     """The page; `concurrency`: decoding requests in flight at once (more wait in Gradio's queue)."""
     cb = gpu_callbacks(Callbacks(studio))  # on ZeroGPU the model-running handlers run in GPU calls
+    lesson = gpu_callbacks(Lesson(studio), LESSON_GPU_CALLBACKS)
     start = studio.default_speedup  # a question and a restaurant record both get an adapter there
     engine = studio.engine()
     L = engine.num_layers
@@ -139,13 +142,14 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Column():
                         gr.HTML(f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.SKIP}">'
                                 "</span>SkipDecode</div>")
-                        skip_out = gr.HTML(views.EMPTY_OUTPUT, elem_id="sd-skip-output")
+                        skip_out = gr.HTML(views.EMPTY_OUTPUT, elem_id="sd-skip-output", js_on_load=teach.CLICK_JS)
                     with gr.Column():
                         gr.HTML(f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.FULL}">'
                                 "</span>Full decoding</div>")
                         full_out = gr.HTML(views.EMPTY_OUTPUT, elem_id="sd-full-output")
                 gr.HTML(views.legend_html(L))
-                metrics = gr.HTML(views.metrics_html(None))
+                part_note = gr.Markdown(elem_id="sd-part-note")
+                metrics = gr.HTML(views.metrics_html(None), elem_id="sd-metrics")
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=2):
                         quality = gr.HTML(views.quality_html(None), elem_id="sd-quality")
@@ -155,7 +159,35 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                        show_label=False, elem_id="sd-latency-plot")
                 layer_plot = gr.Plot(plots.empty_figure("Which layers ran at which position appears when you run"),
                                      label="Layers", show_label=False, elem_id="sd-layer-plot")
+                with gr.Accordion("Why they part: the same prefix at full depth, one token layer by layer",
+                                  open=True, elem_id="sd-teach"):
+                    gr.Markdown("Given SkipDecode's own prefix, would full depth have chosen the same token? One "
+                                "full-depth pass over the SkipDecode answer says, at every position. Pick a token "
+                                "(click it in the SkipDecode answer, or move the slider) to see, after each layer that "
+                                "ran, the top 3 tokens of the final norm + LM head (the logit lens): SkipDecode's run "
+                                "beside full depth on the same prefix.")
+                    divergence_plot = gr.Plot(plots.empty_figure("Agreement with full depth appears when you run"),
+                                              show_label=False, elem_id="sd-divergence-plot")
+                    with gr.Row(equal_height=True):
+                        position = gr.Slider(0, 1, value=0, step=1, label="Token of the SkipDecode answer",
+                                             interactive=False, elem_id="sd-position", scale=3)
+                        previous_layer = gr.Button("◀ layer", elem_id="sd-previous-layer", scale=0, min_width=90)
+                        next_layer = gr.Button("layer ▶", elem_id="sd-next-layer", scale=0, min_width=90)
+                        play = gr.Button("Play", elem_id="sd-play", scale=0, min_width=90)
+                        all_layers = gr.Button("All layers", elem_id="sd-all-layers", scale=0, min_width=110)
+                    lens_view = gr.HTML(teach.lens_html({}, 0), elem_id="sd-lens")
+                    lens_plot = gr.Plot(plots.empty_figure("The layer view appears when you pick a token", height=320),
+                                        show_label=False, elem_id="sd-lens-plot")
+                    with gr.Row(equal_height=False):
+                        export = gr.Button("Export: the trace as JSON, every figure as PNG", elem_id="sd-export",
+                                           scale=1)
+                        export_file = gr.File(label="Exported trace", visible=False, elem_id="sd-export-file", scale=1)
+                        replay_file = gr.File(label="Replay an exported trace (.json): no model runs", scale=1,
+                                              file_types=[".json"], elem_id="sd-replay-file")
                 last = gr.State(None)
+                record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
+                shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
+                player = gr.Timer(PLAY_EVERY_S, active=False)
 
             # ---- Batch --------------------------------------------------------------------------
             with gr.Tab("Batch", id="batch"):
@@ -190,6 +222,17 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                           min_width=320, elem_id="sd-kv-run")
                 kv_note = gr.Markdown(elem_id="sd-kv-note")
                 kv_plot = gr.Plot(show_label=False, elem_id="sd-kv-plot")
+
+            # ---- Present ------------------------------------------------------------------------
+            with gr.Tab("Present", id="present") as present_tab:
+                with gr.Row():
+                    previous_slide = gr.Button("◀ previous", elem_id="sd-previous-slide", scale=0, min_width=120)
+                    next_slide = gr.Button("next ▶", elem_id="sd-next-slide", scale=0, min_width=120)
+                    gr.Markdown("The last comparison (run or replayed), one thing at a time in large type: arrow keys, "
+                                "space and Page Up/Down move between slides.")
+                slide = gr.HTML(teach.slide_html(None, 0), js_on_load=teach.KEYS_JS, elem_id="sd-slide")
+                slide_plot = gr.Plot(visible=False, show_label=False, elem_id="sd-slide-plot")
+                slide_index = gr.State(0)
 
             # ---- Results ------------------------------------------------------------------------
             with gr.Tab("Results", id="results"):
@@ -231,6 +274,40 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                           concurrency_limit=concurrency, concurrency_id="decode", show_progress="minimal")
                   for trigger in (run.click, prompt.submit)]
         stop.click(None, cancels=events, api_visibility="private")
+        # ---- teaching: marks, one position layer by layer, export and replay, presentation ----------
+        settings_inputs = [speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual, max_budget,
+                           min_budget, warmup, horizon, decay, mode, beams]
+        shown_outputs = [skip_out, part_note, divergence_plot, position, lens_view, lens_plot]
+        for event in events:
+            event.success(lesson.after_compare, [last, *settings_inputs], [record, *shown_outputs],
+                          api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode")
+        pick_outputs = [record, skip_out, position, lens_view, lens_plot, shown_layers, player]
+        skip_out.click(lesson.clicked, [record, last], pick_outputs, api_visibility="private",
+                       concurrency_limit=concurrency, concurrency_id="decode")
+        position.release(lesson.pick, [position, record, last], pick_outputs, api_visibility="private",
+                         concurrency_limit=concurrency, concurrency_id="decode")
+        step_inputs = [record, position, shown_layers]
+        next_layer.click(lesson.next_layer, step_inputs, [lens_view, shown_layers], api_visibility="private",
+                         queue=False)
+        previous_layer.click(lesson.previous_layer, step_inputs, [lens_view, shown_layers], api_visibility="private",
+                             queue=False)
+        play.click(lesson.play, step_inputs, [lens_view, shown_layers, player], api_visibility="private", queue=False)
+        player.tick(lesson.tick, step_inputs, [lens_view, shown_layers, player], api_visibility="private", queue=False)
+        all_layers.click(lesson.show_all, [record, position], [lens_view, shown_layers, player],
+                         api_visibility="private", queue=False)
+        export.click(None, None, None, js=teach.PNG_JS, api_visibility="private")
+        export.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
+                     concurrency_limit=concurrency, concurrency_id="decode")
+        replay_file.upload(lesson.replay, [replay_file], [record, status, full_out, metrics, quality, budget_plot,
+                                                          layer_plot, latency_plot, *shown_outputs, last],
+                           api_visibility="private", queue=False)
+        slide_outputs = [slide, slide_plot, slide_index]
+        present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
+        next_slide.click(lambda r, i: lesson.slide(r, i, 1), [record, slide_index], slide_outputs,
+                         api_visibility="private", queue=False)
+        previous_slide.click(lambda r, i: lesson.slide(r, i, -1), [record, slide_index], slide_outputs,
+                             api_visibility="private", queue=False)
+        slide.click(lesson.keyed, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
         kv_button.click(cb.kv_cache, [last], [kv_plot, kv_note], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")
         batch_run.click(cb.batch, [batch_prompts, model, batch_speedup, batch_tokens],

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import pandas as pd
 
+from skipdecode import lens
 from skipdecode.evaluation import quality
 from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_speedup,
                                  trained_speedups)
@@ -256,6 +257,9 @@ class Comparison:
     why: tuple[str, str] = ("chosen", "chosen")  # why each side runs its model ("auto" says which and why)
     dtypes: tuple[str, str] = ("float32", "float32")  # each side's precision
     decoding: str = "greedy"  # how both sides chose their tokens (`decoding_name`)
+    divergence: lens.Divergence | None = None  # full depth's choice at each SkipDecode position (same prefix)
+    divergence_ms: float = 0.0  # what computing it took
+    lenses: dict | None = None  # "skipdecode" / "full" -> [lens.Lens per position], made when first asked
 
     @property
     def done(self) -> bool:
@@ -292,7 +296,7 @@ class Comparison:
                 "num_layers": self.num_layers, "decoding": self.decoding,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
-                "timing": TIMING_NOTE}
+                "divergence": self.divergence.to_dict() if self.divergence else None, "timing": TIMING_NOTE}
 
 
 @dataclass
@@ -467,6 +471,9 @@ class Studio:
         finally:
             skip.cancel(), full.cancel()
         comparison.quality = self.score(full_engine, comparison)
+        started = time.perf_counter()
+        comparison.divergence = self.divergence(full_engine, comparison)
+        comparison.divergence_ms = (time.perf_counter() - started) * 1000.0
         yield comparison
 
     def reference(self, model: str | None, prompt: str | None, choice: ModelChoice,
@@ -490,6 +497,29 @@ class Studio:
             scores["references"] = {name: quality.text_scores(update.text, comparison.references)
                                     for name, update in (("skipdecode", skip), ("full", full))}
         return scores
+
+    def divergence(self, engine: Engine, comparison: Comparison) -> lens.Divergence:
+        """At each position of the SkipDecode answer, the token full depth (`engine`, the full run's model)
+        would have chosen from the same prefix: one teacher-forced pass, while decoding waits."""
+        skip = comparison.skip
+        with self.batcher.exclusive():
+            return lens.divergence(engine.decoder, skip.prompt_ids, skip.token_ids)
+
+    def lenses(self, comparison: Comparison) -> dict[str, list[lens.Lens]]:
+        """The logit lens at every position of the SkipDecode answer: under the layers SkipDecode ran (its
+        model, its trace) and at full depth on the same prefix (the full run's model). Kept on the
+        comparison: the layer view, its step-through and an export read it."""
+        if comparison.lenses is None:
+            skip = comparison.skip
+            if not (comparison.done and skip.token_ids):
+                raise ValueError("run a comparison first")
+            steps = [step.layers for step in skip.trace.steps]
+            with self.batcher.exclusive():
+                comparison.lenses = {
+                    "skipdecode": lens.lens(self.engine(comparison.model).decoder, skip.prompt_ids, skip.token_ids,
+                                            steps),
+                    "full": lens.lens(self.engine(comparison.full_model).decoder, skip.prompt_ids, skip.token_ids)}
+        return comparison.lenses
 
     def exit_layers(self, comparison: Comparison, limit: int = 64) -> list[int]:
         """Where an oracle per-token early exit would have stopped on the full run's own tokens."""

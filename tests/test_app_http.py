@@ -67,6 +67,36 @@ def test_compare_returns_both_outputs_traces_and_quality(client, engine):
     assert len(result["references"]) == 4 and set(q["references"]) == {"skipdecode", "full"}
 
 
+def test_divergence_is_full_depths_choice_from_the_same_prefix_at_every_skipdecode_token(client):
+    """`divergence`: one entry per SkipDecode token; agreement and first follow from the entries; where the
+    two outputs still share their prefix, full depth's choice is full decoding's own next token."""
+    result = client.predict(PROMPT, 3.0, 12, api_name="/compare")
+    found, skip, full = result["divergence"], result["skipdecode"]["token_ids"], result["full"]["token_ids"]
+    assert set(found) == {"agreement", "first", "tokens"}
+    assert [t["position"] for t in found["tokens"]] == list(range(len(skip)))
+    assert [t["token"] for t in found["tokens"]] == skip
+    assert all(set(t) == {"position", "token", "full_token", "full_prob", "skip_prob"} for t in found["tokens"])
+    same = [t["token"] == t["full_token"] for t in found["tokens"]]
+    assert found["agreement"] == round(sum(same) / len(same), 4)
+    assert found["first"] == (same.index(False) if False in same else None)
+    for t, agrees in zip(found["tokens"], same):
+        assert 0 <= t["skip_prob"] <= t["full_prob"] <= 1 and (t["skip_prob"] == t["full_prob"]) == agrees
+    shared = result["quality"]["token_agreement"]["prefix"]  # the outputs are equal up to here
+    assert [t["full_token"] for t in found["tokens"][: shared + 1]] == full[: shared + 1]
+
+
+def test_at_speedup_1_full_depth_agrees_everywhere_but_near_ties(client):
+    """SkipDecode at 1x runs every layer: full depth's teacher-forced choice differs only where float
+    rounding (one column at a time against all at once) flips two near-equal candidates."""
+    for prompt in (PROMPT, "Explain in one paragraph why the sky is blue."):
+        found = client.predict(prompt, 1.0, 32, api_name="/compare")["divergence"]
+        assert len(found["tokens"]) > 10
+        for t in found["tokens"]:
+            if t["token"] != t["full_token"]:
+                assert t["full_prob"] - t["skip_prob"] < 1e-3, t
+        assert found["agreement"] >= 0.95
+
+
 def test_beam_search_over_http_is_the_engines_search_on_both_sides(client, engine):
     result = client.predict(PROMPT, 3.0, TOKENS, decoding="beam search", beams=3, api_name="/compare")
     schedule, beam = for_speedup(3.0, engine.num_layers, horizon=TOKENS), Beam(3)

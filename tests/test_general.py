@@ -133,6 +133,11 @@ def test_rows_of_a_tiny_model_against_its_full_depth_answers(tiny):
     assert (full.speedup, full.adapter, full.rouge_l_vs_full, full.agreement) == (1.0, "none", 100.0, 100.0)
     assert full.ppl_ratio == pytest.approx(1.0) and full.avg_layers == 8 and full.decode_speedup == 1.0
     assert skip.avg_layers < 8 and skip.prompts == 3 and skip.tokens > 0 and 0 <= skip.agreement <= 100
+    # same prefix, full depth: the full answers agree with themselves (float near ties aside); the skipped
+    # ones keep credit after their first different token, which `agreement` does not give
+    assert full.agreement_tf >= 95 and skip.agreement_tf < full.agreement_tf
+    ids = [[int(t) for t in o["2x none"].split()] for o in outputs]  # IdTokenizer's text: the ids themselves
+    assert skip.agreement_tf == pytest.approx(general.agreement_tf(tiny.decoder, PROMPT_IDS, ids))
     assert [set(o) for o in outputs] == [{"prompt", "full", "1x none", "2x none"}] * 3
     assert all(o["1x none"] == o["full"] for o in outputs)
 
@@ -223,12 +228,14 @@ def test_eval_prompts_command_smoke(tmp_path, cli):
     rows = json.loads(done.stdout)
     at_3x = getattr(pick_adapter(3.0, None, "Write a haiku about the sea.")[0], "name", "none")
     assert [(r["speedup"], r["adapter"]) for r in rows] == [(1.0, "none"), (3.0, at_3x)]
-    fields = {"speedup", "adapter", "rouge_l_vs_full", "bleu_vs_full", "ppl_ratio", "agreement", "repetition",
+    fields = {"speedup", "adapter", "rouge_l_vs_full", "bleu_vs_full", "ppl_ratio", "agreement", "agreement_tf",
+              "repetition",
               "avg_layers", "decode_speedup"}
     assert all(fields <= set(r) and r["prompts"] == 3 for r in rows)
     assert rows[0]["rouge_l_vs_full"] == 100 and rows[0]["ppl_ratio"] == 1 and rows[0]["avg_layers"] == 30
     # a constant 10 layers from the first token fed back; the first token comes from the 30-layer prefill
     assert 10 < rows[1]["avg_layers"] <= (30 + 7 * 10) / 8 and rows[1]["agreement"] < 100
+    assert rows[0]["agreement_tf"] >= 95 and 0 <= rows[1]["agreement_tf"] <= 100
     assert f"results written to {tmp_path / 'run' / 'general'}.csv" in done.stderr
     outputs = [json.loads(line) for line in (tmp_path / "run" / "outputs.jsonl").read_text().splitlines()]
     assert [set(o) for o in outputs] == [{"prompt", "full", "1x none", f"3x {at_3x}"}] * 3

@@ -15,7 +15,9 @@ which is also what a skip-aware adapter for general prompts is trained to reprod
   length is at most MAX_PROMPT_TOKENS tokens.
 - `eval --prompts` rows, one per speedup: ROUGE-L and BLEU against the full answer, the median over
   prompts of perplexity(answer) / perplexity(full answer) under the full-depth base model, agreement
-  (the share of the full answer's tokens reproduced at the same position), repetition (the share of an
+  (the share of the full answer's tokens reproduced at the same position), agreement_tf (the share of an
+  answer's tokens that full depth would have chosen itself from the same prefix, teacher-forced),
+  repetition (the share of an
   answer's word 3-grams that already occurred earlier in it, mean over answers), layers per token and
   decode speedup against the full-depth run. The 1x row of the base model is the full answer itself (the
   repetition level to compare with).
@@ -184,6 +186,16 @@ def agreement(token_ids, full_ids) -> float:
     return sum(a == b for a, b in zip(token_ids, full_ids)) / len(full_ids) if full_ids else 1.0
 
 
+def agreement_tf(decoder, prompt_ids: list[list[int]], answers: list[list[int]]) -> float:
+    """% of an answer's tokens that full depth (`decoder`, the base model's) would have chosen itself given
+    the same prefix, mean over the non-empty answers: where the answer's own prefix is kept, unlike
+    `agreement`, which an answer loses for good at its first different token."""
+    from .lens import divergence
+
+    shares = [divergence(decoder, prompt, ids).agreement for prompt, ids in zip(prompt_ids, answers) if ids]
+    return 100.0 * sum(shares) / len(shares) if shares else 100.0
+
+
 def score(model, prompt_ids: list[list[int]], full: Answers, rows: list[Answers]) -> list[dict[str, float]]:
     """Each row's answers against the full answers (all in percent but ppl_ratio): rouge_l_vs_full (mean),
     bleu_vs_full (corpus), ppl_ratio (median over prompts of perplexity(answer) / perplexity(full answer),
@@ -223,6 +235,7 @@ class GeneralRow:
     bleu_vs_full: float
     ppl_ratio: float  # median over prompts; 1 = as plausible to the full model as its own answer
     agreement: float  # % of the full answer's tokens at the same position
+    agreement_tf: float  # % of the answer's tokens full depth would choose from the same prefix, mean over answers
     repetition: float  # % of word 3-grams seen earlier in the same answer, mean over answers
     avg_layers: float
     decode_speedup: float  # ms/token of the full-depth base model / this row's, same run
@@ -310,7 +323,10 @@ def evaluate_prompts(reference, prompts: list[str], plan: list[Plan], engine_for
         del engine
     bar.close()
     done = [results[i] for i in range(len(plan))]
-    scores = score(reference.model, [reference.encode(p) for p in prompts], full, done)
+    prompt_ids = [reference.encode(p) for p in prompts]
+    scores = score(reference.model, prompt_ids, full, done)
+    for s, a in zip(scores, done):
+        s["agreement_tf"] = agreement_tf(reference.decoder, prompt_ids, a.token_ids)
     rows = [GeneralRow(row.speedup, row.name, **s, avg_layers=a.avg_layers,
                        decode_speedup=full.ms_per_token / a.ms_per_token if a.ms_per_token else 0.0,
                        ms_per_token=a.ms_per_token, prompts=len(prompts), tokens=a.tokens)
@@ -338,11 +354,12 @@ def results_place(prompts: str, out=None, limit: int | None = None, adapter: str
 
 
 def markdown(rows: list[GeneralRow]) -> str:
-    lines = ["| speedup | adapter | ROUGE-L vs full | BLEU vs full | ppl ratio | agreement % | repetition % |"
-             " layers/token | decode speedup |", "|" + "---|" * 9]
+    lines = ["| speedup | adapter | ROUGE-L vs full | BLEU vs full | ppl ratio | agreement % |"
+             " agreement, same prefix % | repetition % | layers/token | decode speedup |", "|" + "---|" * 10]
     for r in rows:
         lines.append(f"| {r.speedup:g}x | {r.adapter} | {r.rouge_l_vs_full:.1f} | {r.bleu_vs_full:.1f} | "
-                     f"{r.ppl_ratio:.2f} | {r.agreement:.1f} | {r.repetition:.1f} | {r.avg_layers:.1f} | "
+                     f"{r.ppl_ratio:.2f} | {r.agreement:.1f} | {r.agreement_tf:.1f} | {r.repetition:.1f} | "
+                     f"{r.avg_layers:.1f} | "
                      f"{r.decode_speedup:.2f}x |")
     return "\n".join(lines)
 

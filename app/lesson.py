@@ -1,0 +1,170 @@
+"""What the teaching controls do: plain functions from the widgets' values to the widgets' new values.
+
+After a comparison: its record (app/replay.py), the SkipDecode answer with its marks, the summary and
+the divergence figure. Picking a position: the logit lens at every position, computed once per comparison
+(both sides' teacher-forced passes), then one position layer by layer, stepped through for a lecture.
+Export and replay move the record through a JSON file; the presentation view shows it one slide at a time.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from . import plots, replay, teach, views
+from .callbacks import settings_from, user_errors
+from .studio import Studio
+
+PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
+GPU_CALLBACKS = ("pick", "export")  # the handlers that run a model (app/gpu.py decorates them on ZeroGPU)
+
+
+class Lesson:
+    def __init__(self, studio: Studio):
+        self.studio = studio
+
+    # ---- after a comparison -----------------------------------------------------------------
+    def after_compare(self, comparison, *settings):
+        """The record of the comparison that just finished and the views it feeds (nothing if it did not
+        finish: stopped, or an error already shown)."""
+        if comparison is None or comparison.divergence is None:
+            return (None,) + (gr.skip(),) * 6
+        with user_errors():
+            tokenizer = self.studio.engine(comparison.model).tokenizer
+            record = replay.record(comparison, tokenizer, settings_from(*settings),
+                                   self.studio.engine(comparison.model).decoder.device)
+        return (record,) + self._shown(record, None)
+
+    def _shown(self, record, picked):
+        """Marks, summary, divergence figure, position slider, layer view and its figure."""
+        n = len(record["divergence"]["tokens"])
+        position = teach.default_position(record) if picked is None else picked
+        lensed = bool(record.get("lens"))
+        return (teach.marked_html(record, picked), teach.summary_markdown(record), teach.divergence_figure(record),
+                gr.Slider(0, max(n - 1, 1), value=position, step=1, interactive=n > 1),
+                teach.lens_html(record, position) if lensed else teach.lens_html({}, 0),
+                teach.lens_figure(record, position) if lensed else
+                plots.empty_figure("Pick a token (click it, or move the slider) to see it layer by layer", height=320))
+
+    # ---- one position, layer by layer ---------------------------------------------------------
+    def pick(self, position, record, comparison):
+        """The layer view of `position`; the lens of every position is computed on the first pick."""
+        if record is None:
+            raise gr.Error("Run a comparison (or replay an exported one) first.")
+        with user_errors():
+            position = int(position)
+            if not 0 <= position < len(record["divergence"]["tokens"]):
+                raise ValueError(f"pick a token between 0 and {len(record['divergence']['tokens']) - 1}")
+            if not record.get("lens"):
+                if comparison is None:
+                    raise ValueError("this comparison has no layer view saved, and no model ran it here")
+                lenses = self.studio.lenses(comparison)
+                replay.add_lenses(record, lenses, self.studio.engine(comparison.model).tokenizer)
+        return (record, teach.marked_html(record, position), gr.Slider(value=position),
+                teach.lens_html(record, position), teach.lens_figure(record, position), None, gr.Timer(active=False))
+
+    def clicked(self, record, comparison, evt: gr.EventData):
+        """A click on the SkipDecode answer: `pick` the token clicked (the event's data stays here; only
+        plain values go on to `pick`, which may run in a GPU call)."""
+        position = getattr(evt, "position", None)
+        if position is None:  # a click beside the tokens
+            return (gr.skip(),) * 7
+        return self.pick(position, record, comparison)
+
+    @staticmethod
+    def _layers(record, position, shown):
+        """The step-through one layer further: `shown` layers from the bottom are revealed (None: all of
+        them; a step from there starts again at the bottom). Returns the view, `shown`, and whether a
+        playing step-through goes on."""
+        L = record["num_layers"]
+        shown = 1 if shown is None or shown >= L else shown + 1
+        return teach.lens_html(record, int(position), shown), shown, shown < L
+
+    def next_layer(self, record, position, shown):
+        if not record or not record.get("lens"):
+            raise gr.Error("Pick a token first: the step-through walks up its layers.")
+        return self._layers(record, position, shown)[:2]
+
+    def previous_layer(self, record, position, shown):
+        if not record or not record.get("lens"):
+            raise gr.Error("Pick a token first: the step-through walks up its layers.")
+        shown = max(1, (record["num_layers"] if shown is None else shown) - 1)
+        return teach.lens_html(record, int(position), shown), shown
+
+    def play(self, record, position, shown):
+        """Play from the bottom layer (or from where a paused step-through stands), one layer a tick."""
+        if not record or not record.get("lens"):
+            raise gr.Error("Pick a token first: the step-through plays its layers.")
+        start = 1 if shown is None or shown >= record["num_layers"] else shown
+        return teach.lens_html(record, int(position), start), start, gr.Timer(active=True)
+
+    def tick(self, record, position, shown):
+        if not record or not record.get("lens"):
+            return gr.skip(), shown, gr.Timer(active=False)
+        view, shown, going = self._layers(record, position, shown)
+        return view, shown, gr.Timer(active=going)
+
+    @staticmethod
+    def show_all(record, position):
+        if not record or not record.get("lens"):
+            return gr.skip(), None, gr.Timer(active=False)
+        return teach.lens_html(record, int(position)), None, gr.Timer(active=False)
+
+    # ---- export and replay --------------------------------------------------------------------
+    def export(self, record, comparison):
+        """The record as a JSON file, the logit lens of every position included (computed if not yet)."""
+        if record is None:
+            raise gr.Error("Run a comparison first: the export is its trace.")
+        with user_errors():
+            if not record.get("lens"):
+                if comparison is None:
+                    raise ValueError("this comparison has no layer view saved, and no model ran it here")
+                replay.add_lenses(record, self.studio.lenses(comparison),
+                                  self.studio.engine(comparison.model).tokenizer)
+            path = replay.write(record)
+        return record, gr.File(str(path), visible=True)
+
+    def replay(self, file):
+        """A page drawn from an exported file alone: no model runs."""
+        if file is None:
+            raise gr.Error("Choose an exported comparison (.json) to replay.")
+        with user_errors():
+            record = replay.read(getattr(file, "name", file))
+            comparison = replay.comparison(record)
+        L = record["num_layers"]
+        full = views.tokens_html(record["full"]["pieces"], record["full"]["layers"], L)
+        # The prompt and settings are shown, not put back into the controls: a control that changes redraws
+        # the schedule preview over the replayed budget plot.
+        status = (f"**Replayed** from an export made {record['exported']} on {record['hardware'].get('cpu')} "
+                  f"({record['hardware'].get('device')}, {record['hardware'].get('dtype')}); no model ran. "
+                  f"Prompt: “{html.escape(record['prompt'])}”. "
+                  + views.status_markdown(comparison, False).removeprefix("Done. "))
+        budget, layer_map, latency = views.compare_figures(comparison)
+        return ((record, status, full, views.metrics_html(comparison), views.quality_html(comparison), budget,
+                 layer_map, latency) + self._shown(record, None) + (None,))
+
+    # ---- presentation -------------------------------------------------------------------------
+    @staticmethod
+    def slide(record, index, move=0):
+        """Slide `index` + `move`: its large-type HTML and its figure (hidden on the text slides)."""
+        index = (int(index or 0) + move) % len(teach.SLIDES)
+        if record is None:
+            return teach.slide_html(None, index), gr.Plot(visible=False), index
+        name = teach.SLIDES[index]
+        figure = None
+        if name in ("layer map", "budget", "latency"):
+            comparison = replay.comparison(record)
+            budget, layer_map, latency = views.compare_figures(comparison)
+            figure = {"layer map": layer_map, "budget": budget, "latency": latency}[name]
+        elif name == "divergence":
+            figure = teach.divergence_figure(record)
+        elif name == "lens":
+            figure = (teach.lens_figure(record, teach.default_position(record)) if record.get("lens") else
+                      plots.empty_figure("Pick a token on the Compare tab first: the layer view is computed then"))
+        if figure is not None:
+            figure.update_layout(font=dict(size=18), height=560)
+        return teach.slide_html(record, index), gr.Plot(figure, visible=figure is not None), index
+
+    def keyed(self, record, index, evt: gr.EventData):
+        return self.slide(record, index, int(getattr(evt, "step", 0) or 0))

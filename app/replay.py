@@ -1,0 +1,134 @@
+"""A comparison as a self-contained record, for a class: export it as JSON, and replay it on the page
+without running a model (a cold Space, a spent GPU quota, a projector without network).
+
+The record is the API's answer (`Comparison.to_dict`) plus what the page needs to draw it again without a
+tokenizer or a model: each token's text, the prompt's ids, full depth's alternatives at each position,
+the logit lens once computed, the settings, the seed and the hardware. The teaching views
+(app/teach.py) read only the record, so a replayed page is drawn by the same code from the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from skipdecode.batcher import BatchInfo, Update
+from skipdecode.lens import Divergence, Lens
+from skipdecode.schedule import Schedule
+from skipdecode.trace import StepRecord, Trace
+
+from .studio import Comparison, Settings
+from .views import TokenText, token_layers
+
+FORMAT = "skipdecode-studio-trace/1"
+MAX_BYTES = 20_000_000  # a replayed file larger than this is refused before it is parsed
+
+
+def hardware(device: torch.device, dtype: str) -> dict:
+    """What ran it: the timings in a record mean something only on the same kind of machine."""
+    out = {"device": device.type, "dtype": dtype, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+           "cpu": platform.processor() or platform.machine(), "platform": platform.platform()}
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        out["cpu"] = names[0] if names else out["cpu"]
+    except OSError:
+        pass
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
+def record(comparison: Comparison, tokenizer, settings: Settings | None = None, device=None) -> dict:
+    """The finished comparison as a JSON-safe dict (see the module's docstring)."""
+    if not comparison.done or comparison.divergence is None:
+        raise ValueError("run a comparison first")
+    L = comparison.num_layers
+    out = comparison.to_dict()
+    out["format"], out["max_new_tokens"], out["cost"] = FORMAT, comparison.max_new_tokens, list(comparison.cost)
+    for name, update in (("skipdecode", comparison.skip), ("full", comparison.full)):
+        out[name]["prompt_ids"] = update.prompt_ids
+        out[name]["pieces"] = TokenText(tokenizer).pieces(update.token_ids)
+        out[name]["layers"] = token_layers(update, L)
+    out["divergence"]["top"] = [[list(pair) for pair in top] for top in comparison.divergence.top]
+    out["divergence_ms"] = round(comparison.divergence_ms, 3)
+    out["settings"] = asdict(settings) if settings is not None else None
+    out["seed"] = settings.seed if settings is not None else None
+    out["hardware"] = hardware(device or torch.device("cpu"), comparison.dtypes[0])
+    out["exported"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["texts"], out["lens"] = {}, None
+    _name_tokens(out, tokenizer, [t for e in out["divergence"]["tokens"] for t in (e["token"], e["full_token"])]
+                 + [t for top in comparison.divergence.top for t, _ in top])
+    if comparison.lenses is not None:
+        add_lenses(out, comparison.lenses, tokenizer)
+    return out
+
+
+def add_lenses(out: dict, lenses: dict[str, list[Lens]], tokenizer) -> dict:
+    """The logit lens of every position, both sides, into the record (and the texts of its tokens)."""
+    out["lens"] = {name: [view.to_dict() for view in views] for name, views in lenses.items()}
+    _name_tokens(out, tokenizer, [t for views in lenses.values() for v in views for top in v.top for t, _ in top])
+    return out
+
+
+def _name_tokens(out: dict, tokenizer, ids) -> None:
+    for token in set(ids) - set(map(int, out["texts"])):
+        out["texts"][str(token)] = tokenizer.decode([token])
+
+
+def comparison(record: dict) -> Comparison:
+    """The Comparison a record was made from, as far as the page's views need it (no model, no engine)."""
+    def update(side: dict) -> Update:
+        t = side["trace"]
+        trace = Trace(t["num_layers"], t["batch_size"], t["prompt_tokens"], t["schedule"], t["prefill_ms"],
+                      [StepRecord(s["step"], s["budget"], tuple(s["layers"]), tuple(s["skipped"]), s["ms"], s["rows"])
+                       for s in t["steps"]], t["generated_tokens"], list(t["cache_lengths"]))
+        batch = BatchInfo(side["batch"]["number"], side["batch"]["size"], t["schedule"], side["batch"]["started"])
+        return Update(0, batch, side["prompt_ids"], side["token_ids"], side["text"], side["finished"], True, trace)
+
+    found = record["divergence"]
+    out = Comparison(record["prompt"], record["model"], record["full_model"], record["num_layers"],
+                     Schedule(**record["schedule"]), record["max_new_tokens"], update(record["skipdecode"]),
+                     update(record["full"]), tuple(record["references"]) if record["references"] else None,
+                     record["quality"], tuple(record["cost"]), (record["why"]["skipdecode"], record["why"]["full"]),
+                     (record["dtype"]["skipdecode"], record["dtype"]["full"]), record["decoding"])
+    out.divergence = Divergence(found["agreement"], found["first"], found["tokens"],
+                                [[tuple(pair) for pair in top] for top in found["top"]])
+    out.divergence_ms = record.get("divergence_ms", 0.0)
+    if record.get("lens"):
+        out.lenses = {name: [Lens.from_dict(v) for v in views] for name, views in record["lens"].items()}
+    return out
+
+
+def write(record: dict, folder: str | None = None) -> Path:
+    """The record as a JSON file to download, named after the run."""
+    folder = Path(folder or tempfile.mkdtemp(prefix="skipdecode-export-"))
+    path = folder / f"skipdecode-comparison-{record['exported'].replace(':', '').replace('-', '')}.json"
+    path.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
+    return path
+
+
+def read(path: str | os.PathLike) -> dict:
+    """A record from an exported file; ValueError that says what is wrong with any other file."""
+    path = Path(path)
+    if path.stat().st_size > MAX_BYTES:
+        raise ValueError(f"this file is {path.stat().st_size:,} bytes; an exported comparison is far smaller")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not an exported comparison (not JSON: {error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not an exported comparison: its format is not {FORMAT}")
+    try:
+        comparison(data)
+    except (KeyError, TypeError, ValueError, AssertionError) as error:
+        raise ValueError(f"this exported comparison is incomplete or damaged "
+                         f"({type(error).__name__}: {error})") from None
+    return data

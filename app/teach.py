@@ -1,0 +1,266 @@
+"""For a class: where SkipDecode departs from full decoding, and why, as page content.
+
+Pure functions from a comparison's record (app/replay.py: a plain, JSON-safe dict, the same whether the
+comparison just ran or was replayed from an export) to HTML and figures: the SkipDecode answer with the
+tokens full depth would have chosen otherwise marked (hover: full depth's choice and its alternatives),
+one position layer by layer under the logit lens (SkipDecode's run layers, and full depth on the same
+prefix) with a step-through, and a presentation view, one slide at a time.
+"""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+
+from . import plots
+from .views import _shade
+
+# Clicking a token of the SkipDecode answer picks its position for the layer view; the element itself
+# (gr.HTML's js_on_load) passes the position with the click.
+CLICK_JS = ("element.addEventListener('click', (event) => { const token = event.target.closest('[data-pos]'); "
+            "if (token) trigger('click', {position: Number(token.dataset.pos)}); });")
+# The presentation view: arrow keys, Page Up/Down and the space bar move between slides while it shows.
+KEYS_JS = ("document.addEventListener('keydown', (event) => { if (!element.offsetParent) return; "
+           "const tag = (event.target.tagName || '').toLowerCase(); if (tag === 'input' || tag === 'textarea') return; "
+           "const next = ['ArrowRight', 'PageDown', ' '].includes(event.key), "
+           "back = ['ArrowLeft', 'PageUp'].includes(event.key); "
+           "if (next || back) { event.preventDefault(); trigger('click', {step: next ? 1 : -1}); } });")
+
+CSS = """
+.sd-marked { max-height: none !important; overflow: visible !important; }
+.sd-marked .sd-token { cursor: pointer; position: relative; }
+.sd-part { text-decoration: underline wavy #dc2626; text-decoration-thickness: 2px; text-underline-offset: 3px; }
+.sd-token.sd-picked { outline: 2px solid #f59e0b; }
+.sd-tip { display: none; position: absolute; left: 0; top: 1.7em; z-index: 30; min-width: 15rem; padding: .45rem .6rem;
+  background: #1e293b; color: #f8fafc; border-radius: .45rem; font-size: .8rem; line-height: 1.45; white-space: normal;
+  box-shadow: 0 4px 14px rgba(15, 23, 42, .25); }
+.sd-token:hover > .sd-tip { display: block; }
+.sd-tip b { color: #fcd34d; }
+.sd-tip table { border-collapse: collapse; margin-top: .25rem; width: 100%; }
+.sd-tip td { padding: .05rem .3rem .05rem 0; border: none !important; background: transparent !important;
+  color: #f8fafc; }
+.sd-part-summary { font-size: .92rem; margin: .2rem 0 .4rem 0; }
+.sd-lens { display: grid; grid-template-columns: 1fr 1fr; gap: .8rem; }
+.sd-lens table { width: 100%; border-collapse: collapse; font-size: .85rem; }
+.sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem;
+  border-bottom: 1px solid #e2e8f0; }
+.sd-lens td { padding: .12rem .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; }
+.sd-lens tr.sd-skipped td { color: #cbd5e1; }
+.sd-lens tr.sd-hidden { visibility: hidden; }
+.sd-lens tr.sd-hidden td { border-color: transparent !important; }
+.sd-lens tr.sd-now td { background: #fef3c7; }
+.sd-lens .sd-final { font-weight: 650; }
+.sd-lens-head { font-weight: 600; margin: 0 0 .3rem 0; }
+.sd-lens-note { font-size: .8rem; color: #64748b; margin-top: .3rem; }
+.sd-bar { display: inline-block; height: .55rem; background: #a5b4fc; border-radius: .15rem; vertical-align: middle;
+  margin-right: .25rem; }
+.sd-present { font-size: 1.6rem; line-height: 1.6; }
+.sd-present h2 { font-size: 2.1rem; margin: .2rem 0 .6rem 0; }
+.sd-present .sd-slide-grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1.2rem; }
+.sd-present .sd-output { font-size: 1.5rem; max-height: none; line-height: 1.7; }
+.sd-present .sd-slide-note { font-size: 1.05rem; color: #475569; }
+"""
+
+
+# ---- words ------------------------------------------------------------------------------------
+def shown(text: str) -> str:
+    """A token's text in quotes, as a person can read it (a token of white space made visible), HTML escaped."""
+    visible = text.strip() or text.replace("\n", "⏎").replace(" ", "␣") or "∅"
+    return "“" + html.escape(visible) + "”"
+
+
+def word(record: dict, token: int) -> str:
+    return shown(record["texts"].get(str(token), f"#{token}"))
+
+
+def _alternatives(record: dict, top: list) -> str:
+    rows = "".join(f"<tr><td>{word(record, token)}</td><td>{prob:.2f}</td></tr>" for token, prob in top)
+    return f"<table>{rows}</table>"
+
+
+# ---- 1. marks --------------------------------------------------------------------------------
+def marked_html(record: dict, picked: int | None = None) -> str:
+    """The SkipDecode answer, each token shaded by the layers run to choose it (as while streaming), the
+    tokens full depth would have chosen otherwise underlined; hovering one shows full depth's choice and
+    its alternatives. Every token is clickable: it picks the position for the layer view."""
+    side, found = record["skipdecode"], record["divergence"]
+    L = record["num_layers"]
+    spans = []
+    for entry, top, piece, layers in zip(found["tokens"], found["top"], side["pieces"], side["layers"]):
+        i, parted = entry["position"], entry["token"] != entry["full_token"]
+        classes = "sd-token" + (" sd-part" if parted else "") + (" sd-picked" if i == picked else "")
+        if parted:
+            tip = (f"token {i}: SkipDecode chose {word(record, entry['token'])} after {layers} of {L} layers; "
+                   f"<b>full depth would choose {word(record, entry['full_token'])}</b> ({entry['full_prob']:.2f}; "
+                   f"SkipDecode's token: {entry['skip_prob']:.2f}){_alternatives(record, top)}")
+        else:
+            tip = (f"token {i}: chosen after {layers} of {L} layers; full depth agrees "
+                   f"({entry['full_prob']:.2f}){_alternatives(record, top)}")
+        spans.append(f'<span class="{classes}" data-pos="{i}" style="background:{_shade(layers, L)}">'
+                     f'{html.escape(piece) or "&#8203;"}<span class="sd-tip">{tip}</span></span>')
+    return f'<div class="sd-output sd-marked">{"".join(spans)}</div>'
+
+
+def summary_markdown(record: dict) -> str:
+    """How much of the SkipDecode answer full depth would have chosen, and where they first part."""
+    found = record["divergence"]
+    n = len(found["tokens"])
+    if not n:
+        return "SkipDecode generated no tokens."
+    agree = sum(t["token"] == t["full_token"] for t in found["tokens"])
+    head = (f"**Full depth, given the same prefix, would choose {agree} of SkipDecode's {n} tokens "
+            f"({100 * found['agreement']:.0f}%).**")
+    if found["first"] is None:
+        return head + " They never part: underlined tokens would mark where full depth chooses otherwise."
+    first = found["tokens"][found["first"]]
+    return (head + f" They first part at token {found['first']}: SkipDecode wrote {word(record, first['token'])}, "
+            f"full depth would write {word(record, first['full_token'])} ({first['full_prob']:.2f}). Underlined: "
+            "where full depth would choose otherwise (hover for its choice; click any token to see it layer by layer).")
+
+
+def divergence_figure(record: dict) -> go.Figure:
+    """Per position of the SkipDecode answer: the layers SkipDecode ran to choose it, and the probability
+    full depth gives its token against full depth's own choice; red where they differ."""
+    found, side = record["divergence"], record["skipdecode"]
+    positions = [t["position"] for t in found["tokens"]]
+    parted = [t["token"] != t["full_token"] for t in found["tokens"]]
+    fig = go.Figure()
+    fig.add_bar(x=positions, y=side["layers"][: len(positions)], name="layers SkipDecode ran",
+                marker_color=[plots.HOLE if p else plots.SKIP for p in parted], opacity=0.35,
+                yaxis="y2", hovertemplate="token %{x}: %{y} layers<extra></extra>")
+    fig.add_scatter(x=positions, y=[t["full_prob"] for t in found["tokens"]], name="full depth: its own choice",
+                    mode="lines+markers", line=dict(color=plots.FULL),
+                    hovertemplate="token %{x}: %{y:.2f}<extra></extra>")
+    fig.add_scatter(x=positions, y=[t["skip_prob"] for t in found["tokens"]], name="full depth: SkipDecode's token",
+                    mode="markers", marker=dict(color=["#dc2626" if p else plots.SKIP for p in parted], size=9,
+                                                symbol=["x" if p else "circle" for p in parted]),
+                    hovertemplate="token %{x}: %{y:.2f}<extra></extra>")
+    if found["first"] is not None:
+        fig.add_vline(x=found["first"], line_dash="dot", line_color="#dc2626",
+                      annotation_text="first part", annotation_position="top left")
+    fig.update_layout(xaxis_title="token of the SkipDecode answer", yaxis=dict(title="probability at full depth",
+                      range=[0, 1.05]), yaxis2=dict(title="layers run", overlaying="y", side="right",
+                                                     range=[0, record["num_layers"] * 1.05], showgrid=False),
+                      barmode="overlay")
+    return plots._style(fig, f"Same prefix, full depth: agrees on {100 * found['agreement']:.0f}% of SkipDecode's "
+                        "tokens", height=340)
+
+
+# ---- 2. one position, layer by layer -----------------------------------------------------------
+def _lens_table(record: dict, view: dict, title: str, shown_layers: int | None, final_token: int | None) -> str:
+    """Every layer of the model as a row: the run ones with their top tokens, the skipped ones greyed;
+    with `shown_layers`, only the layers below it are revealed (the step-through)."""
+    L = record["num_layers"]
+    tops = dict(zip(view["layers"], view["top"]))
+    rows = []
+    for layer in range(L):
+        classes = []
+        if shown_layers is not None and layer >= shown_layers:
+            classes.append("sd-hidden")
+        if shown_layers is not None and layer == shown_layers - 1:
+            classes.append("sd-now")
+        if layer not in tops:
+            rows.append(f'<tr class="{" ".join(classes + ["sd-skipped"])}"><td>{layer}</td>'
+                        '<td colspan="3">skipped</td></tr>')
+            continue
+        cells = []
+        for token, prob in tops[layer]:
+            bold = ' class="sd-final"' if token == final_token else ""
+            cells.append(f'<td{bold}><span class="sd-bar" style="width:{max(prob * 3.5, .1):.2f}rem"></span>'
+                         f"{word(record, token)} {prob:.2f}</td>")
+        rows.append(f'<tr class="{" ".join(classes)}"><td>{layer}</td>{"".join(cells)}</tr>')
+    head = "<tr><th>layer</th><th>1st</th><th>2nd</th><th>3rd</th></tr>"
+    note = (f"ran {len(view['layers'])} of {L} layers; prediction depth {view['depth']} (the first layer whose top "
+            f"token is the final one), settled from layer {view['settled']}")
+    if shown_layers is not None and shown_layers < L:  # the class guesses before the answer shows
+        note = f"stepping through: layers 0-{shown_layers - 1} of {L} shown"
+    return (f'<div><div class="sd-lens-head">{title}</div><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
+            f'</table><div class="sd-lens-note">{note}</div></div>')
+
+
+def lens_html(record: dict, position: int, shown_layers: int | None = None) -> str:
+    """One position of the SkipDecode answer under the logit lens (final norm + LM head after each layer):
+    SkipDecode's run (only the layers it ran) and full depth on the same prefix, side by side."""
+    if not record.get("lens"):
+        return '<div class="sd-note">The layer view appears when you pick a token.</div>'
+    entry = record["divergence"]["tokens"][position]
+    skip, full = record["lens"]["skipdecode"][position], record["lens"]["full"][position]
+    verdict = ("full depth would choose the same token" if entry["token"] == entry["full_token"] else
+               f"<b>full depth would choose {word(record, entry['full_token'])}</b> instead of "
+               f"{word(record, entry['token'])}")
+    fed = ("the prompt's last token (the prefill chose it, every layer)" if position == 0 else
+           f"token {position - 1} fed back")
+    head = (f'<div class="sd-part-summary">Token {position} ({word(record, entry["token"])}), chosen from {fed}: '
+            f"{verdict}. Bold: the token each side finally chose.</div>")
+    return head + ('<div class="sd-lens">' + _lens_table(record, skip, "SkipDecode (its run layers)", shown_layers,
+                                                         entry["token"])
+                   + _lens_table(record, full, "Full depth, same prefix", shown_layers, entry["full_token"]) + "</div>")
+
+
+def lens_figure(record: dict, position: int) -> go.Figure:
+    """After each layer, the probability the logit lens gives the token each side finally chose: where the
+    choice settles, and what skipping the middle does to it."""
+    entry = record["divergence"]["tokens"][position]
+    fig = go.Figure()
+    for name, color, token in (("skipdecode", plots.SKIP, entry["token"]), ("full", plots.FULL, entry["full_token"])):
+        view = record["lens"][name][position]
+        label = "SkipDecode, its run layers" if name == "skipdecode" else "full depth, same prefix"
+        fig.add_scatter(x=view["layers"], y=view["final"], mode="lines+markers", name=f"{label}: {word(record, token)}",
+                        line=dict(color=color), connectgaps=False,
+                        hovertemplate="layer %{x}: %{y:.2f}<extra></extra>")
+    fig.update_layout(xaxis=dict(title="layer", range=[-0.5, record["num_layers"] - 0.5]),
+                      yaxis=dict(title="probability (logit lens)", range=[0, 1.05]))
+    return plots._style(fig, f"Token {position}: the probability of each side's final choice after each layer it ran",
+                        height=320)
+
+
+def default_position(record: dict) -> int:
+    """Where to look first: the first position where they part, else the first token."""
+    first = record["divergence"]["first"]
+    return first if first is not None else 0
+
+
+# ---- 4. presentation ----------------------------------------------------------------------------
+SLIDES = ("answers", "marks", "layer map", "budget", "latency", "divergence", "lens")
+
+
+def slide_html(record: dict | None, index: int) -> str:
+    """Large type: the title of slide `index` and, for the first two, the two answers."""
+    if record is None:
+        return '<div class="sd-present"><h2>Run or replay a comparison first.</h2></div>'
+    name, L = SLIDES[index % len(SLIDES)], record["num_layers"]
+    title = {"answers": "SkipDecode beside full decoding", "marks": "Where full depth would choose otherwise",
+             "layer map": "Which layers ran at each position", "budget": "The budget of each position",
+             "latency": "Time per token", "divergence": "Same prefix, full depth: agree or not?",
+             "lens": f"Token {default_position(record)}, layer by layer"}[name]
+    body = ""
+    if name == "answers":
+        sides = [(f"SkipDecode ({record['model']})", _plain(record["skipdecode"], L)),
+                 (f"Full decoding ({record['full_model']})", _plain(record["full"], L))]
+        body = "".join(f"<div><b>{html.escape(t)}</b>{o}</div>" for t, o in sides)
+        body = f'<div class="sd-slide-grid">{body}</div>'
+    elif name == "marks":
+        body = marked_html(record) + f'<div class="sd-slide-note">{summary_text(record)}</div>'
+    return (f'<div class="sd-present"><h2>{title}</h2>{body}<div class="sd-slide-note">slide {index % len(SLIDES) + 1} '
+            f"of {len(SLIDES)}: → or space for the next, ← for the last</div></div>")
+
+
+def summary_text(record: dict) -> str:
+    """summary_markdown as HTML (bold only)."""
+    parts = summary_markdown(record).split("**")  # its words are escaped already (`word`)
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def _plain(side: dict, L: int) -> str:
+    spans = "".join(f'<span class="sd-token" style="background:{_shade(n, L)}">{html.escape(p)}</span>'
+                    for p, n in zip(side["pieces"], side["layers"]))
+    return f'<div class="sd-output">{spans}</div>'
+
+
+# ---- 3. export: every figure as PNG, drawn by plotly in the browser ----------------------------------
+FIGURES = ("sd-budget-plot", "sd-layer-plot", "sd-latency-plot", "sd-divergence-plot", "sd-lens-plot")
+PNG_JS = ("async () => { for (const id of %s) { const plot = document.querySelector('#' + id + ' .js-plotly-plot'); "
+          "if (!plot || !window.Plotly) continue; await window.Plotly.downloadImage(plot, {format: 'png', "
+          "filename: 'skipdecode-' + id.slice(3), width: plot.offsetWidth, height: plot.offsetHeight, scale: 2}); "
+          "await new Promise((done) => setTimeout(done, 400)); } }") % list(FIGURES)

@@ -1,0 +1,115 @@
+"""The teaching views (app/teach.py) and export/replay (app/replay.py) on a real comparison of a tiny model:
+the marks are where full depth chooses otherwise, a replayed record draws the same page, a damaged file
+is refused with a message."""
+
+import json
+
+import pytest
+
+from app import replay, teach
+from app.studio import Comparison, Settings
+from conftest import IdTokenizer, tiny_model
+from skipdecode import lens
+from skipdecode.batcher import BatchInfo, Update
+from skipdecode.engine import Engine
+from skipdecode.schedule import Schedule, for_speedup
+
+PROMPT = [1, 10, 20, 30, 40]
+TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    """SkipDecode at 3x beside full decoding, as the studio would have them, with the divergence and the lens."""
+    engine = Engine(tiny_model("llama", layers=6), IdTokenizer())
+    schedule = for_speedup(3.0, engine.num_layers, horizon=TOKENS, warmup=1)
+    sides = []
+    for run_schedule in (schedule, None):
+        run = engine.generate([PROMPT], run_schedule, TOKENS, stop_at_eos=False)
+        batch = BatchInfo(len(sides) + 1, 1, run.trace.schedule, 0.0)
+        sides.append(Update(0, batch, PROMPT, run.token_ids[0], run.texts[0], True, True, run.trace))
+    out = Comparison("a prompt", "tiny", "tiny", engine.num_layers, schedule, TOKENS, *sides,
+                     quality={"skipdecode_vs_full": None, "token_agreement": {"agreement": 0.5, "prefix": 2},
+                              "perplexity": {"skipdecode": 3.0, "full": 2.0}, "references": None})
+    out.divergence = lens.divergence(engine.decoder, PROMPT, out.skip.token_ids)
+    steps = [s.layers for s in out.skip.trace.steps]
+    out.lenses = {"skipdecode": lens.lens(engine.decoder, PROMPT, out.skip.token_ids, steps),
+                  "full": lens.lens(engine.decoder, PROMPT, out.skip.token_ids)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def record(comparison):
+    return replay.record(comparison, IdTokenizer(), Settings(speedup=3.0, max_new_tokens=TOKENS, seed=7))
+
+
+def test_the_record_holds_the_trace_settings_seed_hardware_and_every_tokens_text(record, comparison):
+    assert record["format"] == replay.FORMAT and record["seed"] == 7 and record["settings"]["speedup"] == 3.0
+    assert record["hardware"]["device"] == "cpu" and record["hardware"]["cpu_count"] >= 1
+    assert [s["ms"] for s in record["skipdecode"]["trace"]["steps"]] == [
+        round(s.ms, 4) for s in comparison.skip.trace.steps]
+    assert record["divergence"]["tokens"] == comparison.divergence.tokens
+    named = {t for e in record["divergence"]["tokens"] for t in (e["token"], e["full_token"])}
+    named |= {t for side in record["lens"].values() for v in side for row in v["top"] for t, _ in row}
+    assert set(map(int, record["texts"])) == named
+    assert "".join(record["skipdecode"]["pieces"]) == comparison.skip.text
+    json.dumps(record)  # JSON-safe as it is
+
+
+def test_marks_are_exactly_where_full_depth_chooses_otherwise(record):
+    page = teach.marked_html(record, picked=3)
+    parted = [e["position"] for e in record["divergence"]["tokens"] if e["token"] != e["full_token"]]
+    assert parted, "a random 6-layer model at 3x should part from full depth somewhere"
+    assert page.count('class="sd-token sd-part') == len(parted)
+    for i in parted:
+        assert f'class="sd-token sd-part" data-pos="{i}"' in page or f'sd-part sd-picked" data-pos="{i}"' in page
+    assert page.count("sd-picked") == 1 and page.count("data-pos=") == TOKENS
+    assert page.count("full depth would choose") == len(parted)
+    first = record["divergence"]["first"]
+    assert f"They first part at token {first}:" in teach.summary_markdown(record)
+
+
+def test_the_layer_view_shows_the_run_layers_and_steps_through_them(record, comparison):
+    position = teach.default_position(record)
+    view = teach.lens_html(record, position)
+    L = record["num_layers"]
+    skipped = L - len(comparison.lenses["skipdecode"][position].layers)
+    assert view.count("<td>skipped</td>") == 0 and view.count(">skipped</td>") == skipped
+    assert view.count("prediction depth") == 2 and "sd-hidden" not in view
+    two = teach.lens_html(record, position, shown_layers=2)
+    assert two.count('class="sd-hidden') == 2 * (L - 2) and two.count("sd-now") == 2
+    assert "prediction depth" not in two and two.count(f"layers 0-1 of {L} shown") == 2  # no answer before the top
+    figure = teach.lens_figure(record, position)
+    assert [list(t.x) for t in figure.data] == [comparison.lenses[s][position].layers for s in ("skipdecode", "full")]
+
+
+def test_a_replayed_record_draws_the_same_page(record, comparison, tmp_path):
+    back = replay.read(replay.write(record, tmp_path))
+    assert back == json.loads(json.dumps(record))
+    again = replay.comparison(back)
+    before, after = comparison.to_dict(), again.to_dict()
+    for name in ("skipdecode", "full"):  # the trace's totals are sums of steps rounded for JSON
+        assert after[name]["trace"]["steps"] == before[name]["trace"]["steps"]
+        assert after[name]["trace"]["decode_ms"] == pytest.approx(before[name]["trace"]["decode_ms"], abs=0.01)
+        for side in (before, after):
+            del side[name]["trace"]
+    assert after == before
+    assert again.lenses == comparison.lenses and again.divergence == comparison.divergence
+    assert replay.record(again, IdTokenizer(), Settings(**back["settings"]))["divergence"] == record["divergence"]
+    for name in range(len(teach.SLIDES)):
+        assert teach.slide_html(back, name) == teach.slide_html(record, name)
+    assert teach.marked_html(back, 2) == teach.marked_html(record, 2)
+    assert teach.divergence_figure(back) == teach.divergence_figure(record)
+
+
+def test_a_file_that_is_not_an_export_is_refused_with_a_reason(record, tmp_path):
+    for text, reason in (("not json", "not JSON"), ('{"format": "other"}', "its format is not"),
+                         (json.dumps({**record, "skipdecode": {}}), "incomplete or damaged")):
+        path = tmp_path / "bad.json"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=reason):
+            replay.read(path)
+
+
+def test_a_schedule_round_trips_through_the_record(record):
+    assert Schedule(**record["schedule"]).to_dict() == record["schedule"]

@@ -1,0 +1,190 @@
+"""The teaching parts of the page in a real browser (Debian's chromium via playwright, against `python app.py`
+with the shipped adapters): the marks and their hover, one token layer by layer with its step-through,
+export then replay drawing the same page, the presentation view driven by the keyboard.
+
+Screenshots go to test-artifacts/, or to $SKIPDECODE_SCREENSHOTS (`make screenshots`: docs/images, which
+docs/teaching.md shows)."""
+
+import json
+
+import pytest
+
+from appserver import app_url, prestart
+from test_browser import ARGS, CHROMIUM, PROMPT, SERVER, SHOTS, screenshot
+
+pytestmark = pytest.mark.slow
+TOKENS = 24
+# what replay draws again: the content of these (Gradio's own wrappers around them carry loading states)
+SAME = ("#sd-skip-output .sd-output", "#sd-full-output .sd-output", "#sd-lens .sd-lens", "#sd-quality .sd-quality",
+        "#sd-metrics .sd-cards")
+# An element's HTML with its attributes sorted: a page that updates an element in place may keep the order
+# of its old attributes, a fresh page writes them as the HTML gives them.
+HTML = ("(root) => { const walk = (n) => n.nodeType === 3 ? n.textContent : n.nodeType !== 1 ? '' : "
+        "'<' + n.tagName + ' ' + [...n.attributes].map((a) => a.name + '=' + a.value).sort().join(' ') + '>' "
+        "+ [...n.childNodes].map(walk).join('') + '</' + n.tagName + '>'; return walk(root); }")
+PLOTS = ("#sd-divergence-plot", "#sd-lens-plot", "#sd-budget-plot", "#sd-layer-plot")
+
+
+def prestart_servers(fixtures):
+    if "teach" in fixtures:
+        prestart(**SERVER)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield browser
+        browser.close()
+
+
+def open_page(browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    page.goto(app_url(**SERVER))
+    page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
+    return page
+
+
+@pytest.fixture(scope="module")
+def teach(browser):
+    """A page after one E2E comparison at 3x, its marks drawn."""
+    page = open_page(browser)
+    page.fill("#sd-prompt textarea", PROMPT)
+    tokens = page.locator("#sd-max-new-tokens input[type=number]")
+    tokens.fill(str(TOKENS))
+    tokens.press("Enter")
+    page.click("#sd-run")
+    page.wait_for_selector("#sd-skip-output .sd-marked", timeout=300_000)
+    yield page
+    page.close()
+
+
+def test_marks_show_where_full_depth_would_choose_otherwise_and_hover_names_its_choice(teach):
+    tokens = teach.locator("#sd-skip-output .sd-marked > .sd-token")
+    assert tokens.count() == TOKENS or teach.locator("#sd-skip-output .sd-token").count() > 3
+    note = teach.locator("#sd-part-note").inner_text()
+    agree, total = map(int, __import__("re").search(r"would choose (\d+) of SkipDecode's (\d+) tokens", note).groups())
+    parted = teach.locator("#sd-skip-output .sd-part")
+    assert parted.count() == total - agree and total == tokens.count()
+    target = parted.first if parted.count() else tokens.first
+    tip = target.locator(".sd-tip")
+    assert not tip.is_visible()
+    target.hover()
+    tip.wait_for(state="visible", timeout=5_000)
+    text = tip.inner_text()
+    assert ("full depth would choose" if parted.count() else "full depth agrees") in text
+    assert len(tip.locator("tr").all()) == 3  # its top alternatives, with probabilities
+    teach.wait_for_timeout(300)
+    box = teach.locator("#sd-skip-output").bounding_box()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    teach.screenshot(path=str(SHOTS / "teach-marks.png"),  # the box, and its hover card wherever the token is
+                     clip={"x": box["x"] - 10, "y": box["y"] - 10, "width": min(box["width"] + 340, 1430 - box["x"]),
+                           "height": box["height"] + 150})
+    teach.mouse.move(0, 0)
+    teach.locator("#sd-divergence-plot .js-plotly-plot .legend").wait_for(timeout=30_000)
+    assert "full depth: SkipDecode's token" in teach.locator("#sd-divergence-plot").inner_text()
+
+
+def test_a_clicked_token_shows_layer_by_layer_and_steps_through(teach):
+    note = teach.locator("#sd-part-note").inner_text()
+    first = __import__("re").search(r"first part at token (\d+)", note)
+    position = int(first.group(1)) if first else 3
+    teach.locator(f"#sd-skip-output .sd-token[data-pos='{position}']").click()
+    teach.wait_for_selector("#sd-lens table", timeout=120_000)
+    lens = teach.locator("#sd-lens")
+    assert f"Token {position} " in lens.inner_text()
+    tables = lens.locator("table")
+    assert tables.count() == 2 and tables.nth(0).locator("tbody tr").count() == 30
+    run = tables.nth(0).locator("tbody tr:not(.sd-skipped)").count()
+    assert 0 < run < 30 and tables.nth(1).locator("tbody tr.sd-skipped").count() == 0  # 3x skips; full runs all
+    assert lens.get_by_text("prediction depth").count() == 2
+    assert teach.locator(f"#sd-skip-output .sd-picked[data-pos='{position}']").count() == 1
+    visible = lambda: tables.nth(1).locator("tbody tr:not(.sd-hidden)").count()  # noqa: E731
+    teach.click("#sd-next-layer")
+    teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
+                            ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 1", timeout=10_000)
+    teach.click("#sd-next-layer")
+    teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
+                            ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 2", timeout=10_000)
+    teach.click("#sd-previous-layer")
+    teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
+                            ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 1", timeout=10_000)
+    teach.click("#sd-play")  # plays up to the top layer, one layer a tick, then stops
+    teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
+                            ".querySelectorAll('tbody tr:not(.sd-hidden)').length >= 4", timeout=20_000)
+    screenshot(teach.locator("#sd-lens"), "teach-step.png")
+    teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
+                            ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 30", timeout=60_000)
+    assert visible() == 30
+    teach.locator("#sd-lens-plot .js-plotly-plot .legend").wait_for(timeout=30_000)
+    screenshot(teach.locator("#sd-teach"), "teach-layers.png")
+
+
+def test_export_then_replay_draws_the_same_page_without_a_model(teach, browser, tmp_path):
+    downloads = []
+    teach.on("download", lambda download: downloads.append(download))
+    teach.click("#sd-export")
+    link = teach.locator("#sd-export-file a").first
+    link.wait_for(timeout=120_000)
+    teach.wait_for_timeout(3_000)  # the figures' PNGs come first, one after another
+    pngs = {d.suggested_filename: d for d in downloads if d.suggested_filename.endswith(".png")}
+    assert set(pngs) == {f"skipdecode-{name[3:]}.png" for name in ("sd-budget-plot", "sd-layer-plot", "sd-latency-plot",
+                                                                   "sd-divergence-plot", "sd-lens-plot")}
+    for name, download in pngs.items():
+        download.save_as(tmp_path / name)
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with teach.expect_download() as got:
+        link.click()
+    exported = tmp_path / "comparison.json"
+    got.value.save_as(exported)
+    record = json.loads(exported.read_text())
+    assert record["prompt"] == PROMPT and record["seed"] == 0 and record["settings"]["max_new_tokens"] == TOKENS
+    assert record["hardware"]["cpu"] and all(s["ms"] > 0 for s in record["skipdecode"]["trace"]["steps"])
+    assert len(record["lens"]["skipdecode"]) == len(record["divergence"]["tokens"])
+    position = int(teach.locator("#sd-position input[type=number]").input_value())
+    teach.click("#sd-all-layers")  # as a pick draws it: every layer, none highlighted
+    teach.wait_for_function("() => !document.querySelector('#sd-lens .sd-now')", timeout=10_000)
+    before = {selector: teach.locator(selector).evaluate(HTML) for selector in SAME}
+    figures = {selector: teach.locator(selector).inner_text() for selector in PLOTS + ("#sd-part-note",)}
+
+    fresh = open_page(browser)  # another visitor, who never ran anything
+    fresh.set_input_files("#sd-replay-file input[type=file]", str(exported))
+    fresh.wait_for_selector("#sd-skip-output .sd-marked", timeout=60_000)
+    assert fresh.locator("#sd-status").inner_text().startswith("Replayed")
+    assert PROMPT in fresh.locator("#sd-status").inner_text()
+    fresh.locator(f"#sd-skip-output .sd-token[data-pos='{position}']").click()
+    fresh.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
+    for selector in PLOTS:
+        fresh.locator(f"{selector} .js-plotly-plot .legend").wait_for(timeout=30_000)
+    assert {selector: fresh.locator(selector).evaluate(HTML) for selector in SAME} == before
+    assert {selector: fresh.locator(selector).inner_text() for selector in PLOTS + ("#sd-part-note",)} == figures
+    screenshot(fresh, "teach-replay.png")
+    fresh.close()
+
+
+def test_the_presentation_view_shows_one_thing_at_a_time_and_follows_the_keyboard(teach):
+    teach.get_by_role("tab", name="Present").click()
+    title = teach.locator("#sd-slide h2")
+    title.get_by_text("SkipDecode beside full decoding").wait_for(timeout=30_000)
+    assert teach.locator("#sd-slide .sd-output").count() == 2 and not teach.locator("#sd-slide-plot").is_visible()
+    size = teach.locator("#sd-slide .sd-output").first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+    assert size >= 22  # large type: the page's outputs are 15.7 px
+    screenshot(teach, "present-answers.png")
+    seen = [title.inner_text()]
+    for _ in range(6):
+        teach.keyboard.press("ArrowRight")
+        teach.wait_for_function("(last) => document.querySelector('#sd-slide h2').innerText !== last", arg=seen[-1],
+                                timeout=30_000)
+        seen.append(title.inner_text())
+        if "layers ran" in seen[-1]:
+            teach.locator("#sd-slide-plot .js-plotly-plot .legend").wait_for(timeout=30_000)
+            screenshot(teach, "present-layer-map.png")
+    assert len(set(seen)) == 7 and teach.locator("#sd-slide-plot").is_visible()
+    teach.keyboard.press("ArrowLeft")
+    teach.wait_for_function("(last) => document.querySelector('#sd-slide h2').innerText === last", arg=seen[-2],
+                            timeout=30_000)
+    teach.get_by_role("tab", name="Compare").click()
