@@ -30,11 +30,12 @@ keep() {  # the pieces this call carries, into $blob (a piece already there is r
 keep
 [[ -f $blob/sum ]] || { echo "no piece carried yet: carry .gpu-app/N"; exit 1; }
 read -r pieces sum < "$blob/sum"
-have=$(ls "$blob" | grep -c '^[0-9]*$')
-echo "$have of $pieces pieces in $blob"
+missing=$(for i in $(seq 1 "$pieces"); do [[ -f $blob/$i ]] || printf '%s ' "$i"; done)
+# a machine given back between calls (30 s idle) starts bare: the pieces listed here must travel again
+echo "$pieces pieces; missing in $blob: ${missing:-none}"
 [[ $step == piece ]] && exit 0
 [[ $step == run ]] || { echo "unknown step $step"; exit 2; }
-(( have == pieces )) || { echo "missing pieces: $(for i in $(seq 1 "$pieces"); do [[ -f $blob/$i ]] || printf '%s ' "$i"; done)"; exit 1; }
+[[ -z $missing ]] || exit 1
 
 deadline=$((SECONDS + 420))
 left() { echo $(( deadline - SECONDS > 10 ? deadline - SECONDS : 10 )); }
@@ -117,6 +118,6 @@ echo "check: exit $status after $SECONDS s"
 kill $server 2>/dev/null; wait $server 2>/dev/null
 if (( ! dry )); then
   kill $sampler 2>/dev/null
-  awk -F, 'NR > 1 {if ($2 > g) g = $2; if ($3 > a) a = $3} END {print "GPU memory used, peak:", g, "MiB; the app process, peak:", a, "MiB"}' "$out/gpu-mem.csv"
+  awk -F, 'NR > 1 {if ($2 > g) g = $2; if ($3 > a) a = $3} END {print "GPU memory used, peak:", g, "MiB; by its processes (the app), peak:", a, "MiB"}' "$out/gpu-mem.csv"
 fi
 exit $status
