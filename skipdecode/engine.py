@@ -14,6 +14,7 @@ import numbers
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -69,10 +70,11 @@ class Scheduled:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, tokenizer, name: str | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer, name: str | None = None, weights=None):
+        """`weights`: the matrices to decode with instead of the model's own (q4.GGUFWeights)."""
         self.model, self.tokenizer = model.eval(), tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
-        self.decoder = Decoder(model)
+        self.decoder = Decoder(model, weights=weights)
         self.num_layers = self.decoder.num_layers
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -87,20 +89,39 @@ class Engine:
 
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
-        """A model by name or path; `adapter` (a name, a path or an AdapterInfo) is merged into its weights."""
-        from .adapters import NONE, AdapterInfo, adapter_dtype, find_adapter, merge_adapter
-        from .models import load_model
+        """A model by name or path; `adapter` (a name, a path or an AdapterInfo) is merged into its weights,
+        or, on the GGUF's 4-bit blocks (skipdecode/q4.py: "auto" on a CPU for the bundled model), kept
+        unmerged beside the packed base that every engine of the process shares."""
+        from . import q4
+        from .adapters import NONE, AdapterInfo, adapter_dtype, find_adapter, merge_adapter, same_base
+        from .models import load_model, resolve_device
 
         info = None
         if adapter is not None and str(adapter) not in NONE:
             info = adapter if isinstance(adapter, AdapterInfo) else find_adapter(adapter)
-        loaded = load_model(name_or_path, device=device, dtype=adapter_dtype(info, dtype))
+        dtype = adapter_dtype(info, dtype)
+        if q4.chosen(name_or_path, resolve_device(device), dtype):
+            loaded, weights = q4.load_base()
+            if info is not None:
+                if not same_base(info.base_model, loaded.name):
+                    raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {loaded.name}")
+                weights = weights.with_adapter(info.name, q4.lora_factors(Path(info.path), len(weights.blocks)))
+            engine = cls(loaded.model, loaded.tokenizer, loaded.name if info is None else f"{loaded.name}+{info.name}",
+                         weights=weights)
+            engine.base_name, engine.adapter = loaded.name, info
+            return engine
+        loaded = load_model(name_or_path, device=device, dtype=dtype)
         _own_memory(loaded.model)
         if info is not None:
             loaded.model = merge_adapter(loaded.model, info, loaded.name)
         engine = cls(loaded.model, loaded.tokenizer, loaded.name if info is None else f"{loaded.name}+{info.name}")
         engine.base_name, engine.adapter = loaded.name, info  # what the app and evaluation report
         return engine
+
+    @property
+    def weights_label(self) -> str:
+        """Which weights and activations decode ("float32", or the GGUF blocks' description)."""
+        return self.decoder.weights_label
 
     # ---- prompts ------------------------------------------------------------------------------
     @property
