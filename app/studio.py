@@ -29,8 +29,8 @@ from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_s
                                  trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
-from skipdecode.engine import Engine
-from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL, dtype_name
+from skipdecode.engine import Engine, shares_base
+from skipdecode.models import BUNDLED_PACKAGE, DEFAULT_HUB_ID, DEFAULT_MODEL
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
@@ -390,7 +390,8 @@ class Studio:
             if failed is not None:
                 raise RuntimeError(f"{choice.label} failed to load earlier") from failed
             if choice.label not in self._engines:
-                self._evict(keep=self.limits.max_models - 1)  # room first: never one model over the limit
+                if not shares_base(choice.model, choice.adapter):  # an adapter beside the packed base: ~10 MB
+                    self._evict(keep=self.limits.max_models - 1)  # room first: never one model over the limit
                 try:
                     engine = Engine.load(choice.model, adapter=choice.adapter)
                 except Exception as error:
@@ -402,11 +403,13 @@ class Studio:
             return self._engines[choice.label]
 
     def _evict(self, keep: int) -> None:
-        """Drop the least recently used engines (never the base one) until `keep` remain, and hand their
-        memory back to the system."""
+        """Drop the least recently used engines with weights of their own (never the base one) until `keep`
+        such remain, and hand their memory back to the system. Engines on the shared 4-bit base (an
+        adapter's LoRA factors beside it) stay: every served model fits beside it (skipdecode/q4.py)."""
         evicted = False
-        while len(self._engines) > keep:
-            label = next(label for label in self._engines if label != self.base.label)
+        owned = lambda: [label for label, e in self._engines.items() if e.decoder.weights is None]  # noqa: E731
+        while len(owned()) > keep:
+            label = next(label for label in owned() if label != self.base.label)
             del self._engines[label]
             evicted = True
         if evicted:
@@ -453,8 +456,7 @@ class Studio:
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
-                                why=(why, full_why), dtypes=(dtype_name(engine.decoder.dtype),
-                                                             dtype_name(full_engine.decoder.dtype)),
+                                why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
                                 decoding=decoding_name(sampling, beam))
         skip, full = self.batcher.submit_together([Job(engine, prompt, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, prompt, None, n, sampling, beam=beam)])
@@ -478,7 +480,7 @@ class Studio:
         perplexities under `engine`, the model of the full run."""
         skip, full = comparison.skip, comparison.full
         with self.batcher.exclusive():  # both outputs share the prompt: one forward pass scores both
-            values = quality.perplexities(engine.model, skip.prompt_ids, [skip.token_ids, full.token_ids])
+            values = quality.perplexities(scorer(engine), skip.prompt_ids, [skip.token_ids, full.token_ids])
         ppl = {name: None if value is None else round(value, 3) for name, value in zip(("skipdecode", "full"), values)}
         scores = {"skipdecode_vs_full": quality.text_scores(skip.text, full.text) if full.text.strip() else None,
                   "token_agreement": quality.token_agreement(skip.token_ids, full.token_ids),
@@ -495,7 +497,7 @@ class Studio:
             raise ValueError("run a comparison first")
         engine = self.engine(comparison.full_model)
         with self.batcher.exclusive():
-            return quality.exit_layers(engine.model, full.prompt_ids, full.token_ids[:limit])
+            return quality.exit_layers(scorer(engine), full.prompt_ids, full.token_ids[:limit])
 
     # ---- Batch ------------------------------------------------------------------------------
     def check_batch(self, engine: Engine, prompts: list[str], max_new_tokens) -> tuple[list[str], int]:
@@ -577,6 +579,12 @@ class Studio:
                              "tokens_per_s": round(update.trace.decode_tokens_per_s, 2),
                              "ms_per_step": round(update.trace.decode_ms / max(len(update.trace.steps), 1), 3)})
         return pd.DataFrame(rows)
+
+
+def scorer(engine: Engine):
+    """What scores an engine's outputs: its Hugging Face model when that holds the weights it decodes with,
+    else the engine itself (the 4-bit base, an adapter unmerged beside it)."""
+    return engine if engine.decoder.weights is not None else engine.model
 
 
 def _one_prompt(prompts) -> str | None:

@@ -181,7 +181,7 @@ class GGUFWeights:
         blocks = [tuple(lin.with_lora(*layer[kind]) if kind in layer else lin
                         for kind, lin in zip(("qkv", "out", "up", "down"), linears))
                   for linears, layer in zip(self.blocks, factors)]
-        return GGUFWeights(blocks, self.head, f"{self.label}; LoRA {name} unmerged", name, self.notes)
+        return GGUFWeights(blocks, self.head, f"{self.label}; LoRA unmerged", name, self.notes)
 
 
 def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dtype = ACTIVATIONS) -> GGUFWeights:
@@ -223,8 +223,7 @@ def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dt
         head_rows = embedding
     head = RescoredHead(head_rows, activations)
     kind = "bfloat16" if activations == torch.bfloat16 else "float32"
-    label = (f"GGUF Q4_1 int4 weights, {kind} activations; head: 4-bit screen + float32 top-{RESCORE} "
-             f"(Q8_0 values)")
+    label = f"int4 (GGUF Q4_1) weights, {kind} activations; head int4 + float32 top-{RESCORE}"
     return GGUFWeights(layers, head, label, notes=notes)
 
 
@@ -259,10 +258,11 @@ def lora_factors(folder: Path, num_layers: int) -> list[dict[str, tuple[torch.Te
     return factors
 
 
-def chosen(name: str | None, device: torch.device, dtype) -> bool:
-    """Whether a model runs on its GGUF blocks: `dtype` "int4" asks for it (also through $SKIPDECODE_DTYPE);
-    "auto" picks it on a CPU for the bundled model (any other dtype, float32 for one, is today's
-    dequantized path)."""
+def chosen(name: str | None, device: torch.device, dtype, held_back: bool = False) -> bool:
+    """Whether a model runs on its GGUF blocks: `dtype` "int4" asks for it (so does $SKIPDECODE_DTYPE=int4
+    under "auto"); "auto" otherwise picks it on a CPU for the bundled model unless `held_back` (an adapter
+    whose task keeps float32: adapters.adapter_dtype). Any other dtype, float32 for one, is the
+    dequantized path."""
     from .models import DEFAULT_MODEL, DTYPE_ENV
 
     if dtype in (None, "auto"):
@@ -271,7 +271,7 @@ def chosen(name: str | None, device: torch.device, dtype) -> bool:
         if name not in (None, DEFAULT_MODEL) or device.type != "cpu":
             raise ValueError(f"dtype {INT4} runs the bundled GGUF ({DEFAULT_MODEL}) on a CPU only")
         return True
-    return dtype == "auto" and name in (None, DEFAULT_MODEL) and device.type == "cpu"
+    return dtype == "auto" and not held_back and name in (None, DEFAULT_MODEL) and device.type == "cpu"
 
 
 _BASE: dict = {}
