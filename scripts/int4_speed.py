@@ -1,6 +1,7 @@
 """The 4-bit GGUF path (skipdecode/q4.py) against the float32 path, in one process, on the bench's workload.
 
     python scripts/int4_speed.py [--batch-sizes 1,16] [--speedups 1,2,3,5] [--repeats 3] [--kernels]
+                                 [--float32-attention]
 
 E2E test MRs, 64 new tokens a row (EOS does not stop a run), the bench's SkipDecode schedules. Engines are
 timed in turns (round r times every engine before round r + 1) so that both see the same machine load;
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import time
 
@@ -82,10 +84,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", action="store_true")
+    parser.add_argument("--float32-attention", action="store_true", help="also time the int4 path with float32 "
+                                                                         "attention (what float64 costs)")
     args = parser.parse_args()
     items = read_items(resolve(None, E2E_TEST))
     engines = {"float32": Engine.load(dtype="float32"), "int4": Engine.load(dtype=q4.INT4)}
-    print(f"# {os.uname().nodename}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    if args.float32_attention:  # the same packed weights, attention in float32 (not batch-invariant): its cost
+        engines["int4, float32 attention"] = Engine.load(dtype=q4.INT4)
+        engines["int4, float32 attention"].decoder.attention_dtype = None
+    print(f"# {platform.processor() or 'cpu'}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load {os.getloadavg()[0]:.2f}")
     if args.kernels:
         kernels(engines["int4"], engines["float32"])
@@ -99,12 +106,15 @@ def main() -> None:
                 for name, engine in engines.items():
                     times.setdefault((batch, speedup, name), []).append(step_ms(engine, prompts, speedup,
                                                                                args.new_tokens))
-    print("| batch | speedup | float32 ms/step | int4 ms/step | int4 vs float32 | int4 full depth / this |")
+    other = [n for n in engines if n not in ("float32", "int4")]
+    print("| batch | speedup | float32 ms/step | int4 ms/step | int4 vs float32 | int4 full depth / this |"
+          + "".join(f" {n} ms/step |" for n in other))
     for batch in batch_sizes:
         full = statistics.median(times[(batch, 1.0, "int4")][1:])
         for speedup in speedups:
-            a, b = (statistics.median(times[(batch, speedup, n)][1:]) for n in ("float32", "int4"))
-            print(f"| {batch} | {speedup:g}x | {a:.2f} | {b:.2f} | {a / b:.2f}x | {full / b:.2f}x |")
+            a, b, *c = (statistics.median(times[(batch, speedup, n)][1:]) for n in ("float32", "int4", *other))
+            print(f"| {batch} | {speedup:g}x | {a:.2f} | {b:.2f} | {a / b:.2f}x | {full / b:.2f}x |"
+                  + "".join(f" {x:.2f} |" for x in c))
     print(f"# load after {os.getloadavg()[0]:.2f}")
 
 
