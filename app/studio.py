@@ -390,7 +390,7 @@ class Studio:
             if failed is not None:
                 raise RuntimeError(f"{choice.label} failed to load earlier") from failed
             if choice.label not in self._engines:
-                if not shares_base(choice.model, choice.adapter):  # an adapter beside the packed base: ~10 MB
+                if not _on_shared_base(choice):  # an adapter beside the packed 4-bit base costs ~30 MB
                     self._evict(keep=self.limits.max_models - 1)  # room first: never one model over the limit
                 try:
                     engine = Engine.load(choice.model, adapter=choice.adapter)
@@ -407,7 +407,7 @@ class Studio:
         such remain, and hand their memory back to the system. Engines on the shared 4-bit base (an
         adapter's LoRA factors beside it) stay: every served model fits beside it (skipdecode/q4.py)."""
         evicted = False
-        owned = lambda: [label for label, e in self._engines.items() if e.decoder.weights is None]  # noqa: E731
+        owned = lambda: [label for label, e in self._engines.items() if not _shares(e)]  # noqa: E731
         while len(owned()) > keep:
             label = next(label for label in owned() if label != self.base.label)
             del self._engines[label]
@@ -581,10 +581,22 @@ class Studio:
         return pd.DataFrame(rows)
 
 
+def _on_shared_base(choice: ModelChoice) -> bool:
+    """Whether loading `choice` puts an adapter (or the base) on the process's packed 4-bit base."""
+    try:
+        return shares_base(choice.model, choice.adapter)
+    except ValueError:  # an adapter that cannot be read: its load will say so
+        return False
+
+
+def _shares(engine) -> bool:
+    return getattr(getattr(engine, "decoder", None), "weights", None) is not None
+
+
 def scorer(engine: Engine):
     """What scores an engine's outputs: its Hugging Face model when that holds the weights it decodes with,
     else the engine itself (the 4-bit base, an adapter unmerged beside it)."""
-    return engine if engine.decoder.weights is not None else engine.model
+    return engine if _shares(engine) else engine.model
 
 
 def _one_prompt(prompts) -> str | None:

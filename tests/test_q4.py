@@ -174,3 +174,16 @@ def test_bundled_batch_of_16_equals_alone(int4):
     for i, prompt in enumerate(prompts):
         assert int4.generate([prompt], max_new_tokens=24).token_ids[0] == batch[i]
     assert "int4" in int4.weights_label
+
+
+@pytest.mark.slow
+def test_scoring_through_the_engine_equals_transformers(engine):
+    """Perplexity and exit layers through the engine's own weights (what the app scores the 4-bit path and
+    unmerged adapters with) against transformers' forward, on the float32 path where both hold the same."""
+    from skipdecode import quality
+
+    prompt = engine.encode(PROMPTS[1])
+    tokens = engine.generate([prompt], max_new_tokens=8).token_ids[0]
+    ours, theirs = quality.perplexities(engine, prompt, [tokens]), quality.perplexities(engine.model, prompt, [tokens])
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-4)
+    assert quality.exit_layers(engine, prompt, tokens) == quality.exit_layers(engine.model, prompt, tokens)
