@@ -261,7 +261,7 @@ def lora_factors(folder: Path, num_layers: int) -> list[dict[str, tuple[torch.Te
 def chosen(name: str | None, device: torch.device, dtype, held_back: bool = False) -> bool:
     """Whether a model runs on its GGUF blocks: `dtype` "int4" asks for it (so does $SKIPDECODE_DTYPE=int4
     under "auto"); "auto" otherwise picks it on a CPU for the bundled model unless `held_back` (an adapter
-    whose task keeps float32: adapters.adapter_dtype). Any other dtype, float32 for one, is the
+    whose task stays off this path: adapters.int4_held_back). Any other dtype, float32 for one, is the
     dequantized path."""
     from .models import DEFAULT_MODEL, DTYPE_ENV
 
