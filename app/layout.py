@@ -6,7 +6,7 @@ import html
 
 import gradio as gr
 
-from skipdecode.models import dtype_name, precision_reason
+from skipdecode.models import precision_reason
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
 from . import plots, results, teach, views
@@ -88,7 +88,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         gr.Markdown(f"# SkipDecode Studio\n{INTRO}", elem_id="sd-header")
         gr.HTML('<div class="sd-badges">' + "".join(f'<span class="sd-badge">{text}</span>' for text in (
             public_name(engine.name), f"{L} layers", f"running on {engine.decoder.device.type.upper()}",
-            f'<span title="{html.escape(precision_reason(engine.decoder.device))}">{dtype_name(engine.decoder.dtype)}'
+            f'<span title="{html.escape(precision_reason(engine.decoder.device))}">{html.escape(engine.weights_label)}'
             "</span>",
             "requests arriving together share one batch")) + "</div>")
         with gr.Tabs():

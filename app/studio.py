@@ -29,8 +29,8 @@ from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_s
                                  trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
-from skipdecode.engine import Engine
-from skipdecode.models import DEFAULT_MODEL, dtype_name
+from skipdecode.engine import Engine, shares_base
+from skipdecode.models import DEFAULT_MODEL
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
@@ -393,7 +393,8 @@ class Studio:
             if failed is not None:
                 raise RuntimeError(f"{choice.label} failed to load earlier") from failed
             if choice.label not in self._engines:
-                self._evict(keep=self.limits.max_models - 1)  # room first: never one model over the limit
+                if not _on_shared_base(choice):  # an adapter beside the packed 4-bit base costs ~30 MB
+                    self._evict(keep=self.limits.max_models - 1)  # room first: never one model over the limit
                 try:
                     engine = Engine.load(choice.model, adapter=choice.adapter)
                 except Exception as error:
@@ -405,11 +406,13 @@ class Studio:
             return self._engines[choice.label]
 
     def _evict(self, keep: int) -> None:
-        """Drop the least recently used engines (never the base one) until `keep` remain, and hand their
-        memory back to the system."""
+        """Drop the least recently used engines with weights of their own (never the base one) until `keep`
+        such remain, and hand their memory back to the system. Engines on the shared 4-bit base (an
+        adapter's LoRA factors beside it) stay: every served model fits beside it (skipdecode/q4.py)."""
         evicted = False
-        while len(self._engines) > keep:
-            label = next(label for label in self._engines if label != self.base.label)
+        owned = lambda: [label for label, e in self._engines.items() if not _shares(e)]  # noqa: E731
+        while len(owned()) > keep:
+            label = next(label for label in owned() if label != self.base.label)
             del self._engines[label]
             evicted = True
         if evicted:
@@ -460,8 +463,7 @@ class Studio:
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
-                                why=(why, full_why), dtypes=(dtype_name(engine.decoder.dtype),
-                                                             dtype_name(full_engine.decoder.dtype)),
+                                why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
                                 decoding=decoding_name(sampling, beam))
         skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
@@ -488,7 +490,7 @@ class Studio:
         perplexities under `engine`, the model of the full run."""
         skip, full = comparison.skip, comparison.full
         with self.batcher.exclusive():  # both outputs share the prompt: one forward pass scores both
-            values = quality.perplexities(engine.model, skip.prompt_ids, [skip.token_ids, full.token_ids])
+            values = quality.perplexities(scorer(engine), skip.prompt_ids, [skip.token_ids, full.token_ids])
         ppl = {name: None if value is None else round(value, 3) for name, value in zip(("skipdecode", "full"), values)}
         scores = {"skipdecode_vs_full": quality.text_scores(skip.text, full.text) if full.text.strip() else None,
                   "token_agreement": quality.token_agreement(skip.token_ids, full.token_ids),
@@ -528,7 +530,7 @@ class Studio:
             raise ValueError("run a comparison first")
         engine = self.engine(comparison.full_model)
         with self.batcher.exclusive():
-            return quality.exit_layers(engine.model, full.prompt_ids, full.token_ids[:limit])
+            return quality.exit_layers(scorer(engine), full.prompt_ids, full.token_ids[:limit])
 
     # ---- Batch ------------------------------------------------------------------------------
     def check_batch(self, engine: Engine, prompts: list[str],
@@ -620,6 +622,24 @@ def kind_of(prompt: str | None) -> str | None:
     """The router's verdict on a request's prompt, taken once and handed to every pick the request makes
     (None without a prompt: `pick_adapter` then means the E2E task)."""
     return None if prompt is None else route(prompt).kind
+
+
+def _on_shared_base(choice: ModelChoice) -> bool:
+    """Whether loading `choice` puts an adapter (or the base) on the process's packed 4-bit base."""
+    try:
+        return shares_base(choice.model, choice.adapter)
+    except ValueError:  # an adapter that cannot be read: its load will say so
+        return False
+
+
+def _shares(engine) -> bool:
+    return getattr(getattr(engine, "decoder", None), "weights", None) is not None
+
+
+def scorer(engine: Engine):
+    """What scores an engine's outputs: its Hugging Face model when that holds the weights it decodes with,
+    else the engine itself (the 4-bit base, an adapter unmerged beside it)."""
+    return engine if _shares(engine) else engine.model
 
 
 def _one_prompt(prompts) -> str | None:

@@ -96,9 +96,10 @@ def ask(client, outcome: Outcome, args) -> Outcome:
     return outcome
 
 
-def check(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:
-    """Every answer against the engine's own decoding of its prompt, alone. Returns the problems, each
-    starting with "user U request K:"."""
+def check(outcomes: list[Outcome], max_new_tokens: int) -> tuple[list[str], str]:
+    """Every answer against the engine's own decoding of its prompt, alone (on the server's default weights:
+    the GGUF's 4-bit blocks on a CPU, see skipdecode/q4.py). Returns the problems, each starting with
+    "user U request K:", and which weights ran (Engine.weights_label)."""
     from skipdecode.engine import Engine
     from skipdecode.schedule import Schedule
 
@@ -121,7 +122,7 @@ def check(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:
                                 f"from position {same} (batch of {r[name]['batch']['size']})")
         if r["quality"] is None:
             problems.append(f"user {o.user} request {o.index}: no quality scores")
-    return problems
+    return problems, engine.weights_label
 
 
 def batches(outcomes: list[Outcome], side: str) -> dict:
@@ -170,9 +171,9 @@ def load(args) -> dict:
         server_rss = rss_mb(server.process.pid)
     finally:
         server.stop()
-    problems = check(outcomes, args.max_new_tokens)
+    problems, weights = check(outcomes, args.max_new_tokens)
     wrong = {problem.split(":")[0] for problem in problems}  # "user U request K"
-    return {"phase": "load", "users": args.users, "requests_per_user": args.requests, "settings": settings,
+    return {"phase": "load", "weights": weights, "users": args.users, "requests_per_user": args.requests, "settings": settings,
             "sent": len(texts), "answered": sum(o.result is not None for o in outcomes),
             "errors": sum(o.error is not None for o in outcomes), "correct": len(outcomes) - len(wrong),
             "problems": problems, "wall_s": round(wall, 1), "requests_per_s": round(len(outcomes) / wall, 2),
@@ -300,6 +301,7 @@ def report(result: dict) -> None:
         lat, sb, fb = result["latency"], result["skipdecode_batches"], result["full_batches"]
         print(f"LOAD: {result['users']} users x {result['requests_per_user']} requests = {result['sent']} sent, "
               f"{result['answered']} answered, {result['errors']} errors, {result['correct']} checked correct")
+        print(f"  weights: {result['weights']}")
         print(f"  latency p50 {lat.get('p50_s')} s, p95 {lat.get('p95_s')} s, max {lat.get('max_s')} s; "
               f"{result['requests_per_s']} requests/s over {result['wall_s']} s")
         print(f"  SkipDecode: {sb['requests']} requests in {sb['batches']} batches (mean {sb['mean_per_batch']} per "

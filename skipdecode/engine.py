@@ -14,6 +14,7 @@ import numbers
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -69,10 +70,11 @@ class Scheduled:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, tokenizer, name: str | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer, name: str | None = None, weights=None):
+        """`weights`: the matrices to decode with instead of the model's own (q4.GGUFWeights)."""
         self.model, self.tokenizer = model.eval(), tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
-        self.decoder = Decoder(model)
+        self.decoder = Decoder(model, weights=weights)
         self.num_layers = self.decoder.num_layers
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -87,13 +89,24 @@ class Engine:
 
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
-        """A model by name or path; `adapter` (a name, a path or an AdapterInfo) is merged into its weights."""
-        from .adapters import NONE, AdapterInfo, adapter_dtype, find_adapter, merge_adapter
+        """A model by name or path; `adapter` (a name, a path or an AdapterInfo) is merged into its weights,
+        or, on the GGUF's 4-bit blocks (skipdecode/q4.py: "auto" on a CPU for the bundled model), kept
+        unmerged beside the packed base that every engine of the process shares."""
+        from . import q4
+        from .adapters import adapter_dtype, merge_adapter, same_base
         from .models import load_model
 
-        info = None
-        if adapter is not None and str(adapter) not in NONE:
-            info = adapter if isinstance(adapter, AdapterInfo) else find_adapter(adapter)
+        info = _adapter_info(adapter)
+        if shares_base(name_or_path, info, device, dtype):
+            loaded, weights = q4.load_base()
+            if info is not None:
+                if not same_base(info.base_model, loaded.name):
+                    raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {loaded.name}")
+                weights = weights.with_adapter(info.name, q4.lora_factors(Path(info.path), len(weights.blocks)))
+            engine = cls(loaded.model, loaded.tokenizer, loaded.name if info is None else f"{loaded.name}+{info.name}",
+                         weights=weights)
+            engine.base_name, engine.adapter = loaded.name, info
+            return engine
         loaded = load_model(name_or_path, device=device, dtype=adapter_dtype(info, dtype))
         _own_memory(loaded.model)
         if info is not None:
@@ -101,6 +114,28 @@ class Engine:
         engine = cls(loaded.model, loaded.tokenizer, loaded.name if info is None else f"{loaded.name}+{info.name}")
         engine.base_name, engine.adapter = loaded.name, info  # what the app and evaluation report
         return engine
+
+    @property
+    def weights_label(self) -> str:
+        """Which weights and activations decode ("float32", or the GGUF blocks' description)."""
+        return self.decoder.weights_label
+
+    @torch.inference_mode()
+    def hidden_states(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """Every position's hidden state after each layer (index 0: the embeddings) for unpadded rows ids
+        [B, T], at full depth, on the weights this engine decodes with: what scoring needs (quality.py)
+        when those are not the Hugging Face model's own (4-bit blocks, an unmerged adapter)."""
+        dec = self.decoder
+        ids = ids.to(dec.device)
+        B, T = ids.shape
+        positions = torch.arange(T, device=dec.device).expand(B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=dec.device).tril().expand(B, T, T)
+        mask, rope = dec.attention_bias(causal)[:, None], dec.rope(positions, limit=T)
+        cache = KVCache(self.num_layers, B, dec.num_kv_heads, T, dec.head_dim, dec.device, dec.dtype)
+        states = [dec.embed(ids, positions)]
+        for layer in range(self.num_layers):
+            states.append(dec.block(layer, states[-1], rope, mask, *cache.claim(layer, 0, T), 0))
+        return states
 
     # ---- prompts ------------------------------------------------------------------------------
     @property
@@ -264,6 +299,24 @@ class Engine:
         token, origin = search.step(logits)
         cache.reorder_rows(origin, prompt_columns)
         return token
+
+
+def _adapter_info(adapter):
+    from .adapters import NONE, AdapterInfo, find_adapter
+
+    if adapter is None or str(adapter) in NONE:
+        return None
+    return adapter if isinstance(adapter, AdapterInfo) else find_adapter(adapter)
+
+
+def shares_base(name_or_path: str | None, adapter=None, device: str = "auto", dtype="auto") -> bool:
+    """Whether `Engine.load` with these arguments runs on the process's one packed 4-bit base
+    (skipdecode/q4.py), an adapter unmerged beside it, rather than on weights of its own."""
+    from . import q4
+    from .adapters import int4_held_back
+    from .models import resolve_device
+
+    return q4.chosen(name_or_path, resolve_device(device), dtype, held_back=int4_held_back(_adapter_info(adapter)))
 
 
 def _own_memory(model: torch.nn.Module) -> None:

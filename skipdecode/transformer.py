@@ -51,6 +51,10 @@ class Linear:
             return packed_linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
+    def rows(self, start: int) -> "Linear":
+        """The outputs from `start` on, as a linear of their own."""
+        return Linear(self.weight[start:], None if self.bias is None else self.bias[start:], self.packed is not None)
+
 
 _PACKED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 
@@ -92,25 +96,44 @@ class Decoder:
     """Embedding, L blocks, final norm and LM head, each callable on its own so that a schedule can
     choose which blocks a position runs."""
 
-    def __init__(self, hf_model: torch.nn.Module, pack: bool | None = None):
+    def __init__(self, hf_model: torch.nn.Module, pack: bool | None = None, weights=None):
+        """`weights`: the matrices from elsewhere (skipdecode/q4.py's GGUF blocks, `GGUFWeights`) instead of
+        the model's own; the model still gives the norms, embeddings, RoPE and configuration."""
         config = hf_model.config
         self.family = check_architecture(config)
         self.embed_tokens = hf_model.get_input_embeddings().weight.detach()
         self.device, self.dtype = self.embed_tokens.device, self.embed_tokens.dtype
         self.pack = can_pack(self.device, self.dtype) if pack is None else pack
+        self.weights = weights
+        # Attention in float64 on the 4-bit path: padding moves a row's keys along the vector lanes, so the
+        # float32 sums over keys round differently in a batch than alone, and the next product's bfloat16
+        # inputs turn a last-bit difference into a visible one; float64 sums round back to the same float32.
+        self.attention_dtype = torch.float64 if weights is not None else None
+        if weights is not None and self.family != "llama":
+            raise ValueError("GGUF weights run the llama family only")
         with torch.no_grad():  # fused weights must not carry autograd history
             layers = {"llama": self._llama, "opt": self._opt, "gpt2": self._gpt2}[self.family](hf_model, config)
-            self.blocks = [
-                Block(n1, self._linear(*qkv), self._linear(*out), n2, self._linear(*up), self._linear(*down))
-                for n1, qkv, out, n2, up, down in layers
-            ]
-            self.lm_head = self._linear(*_wb(hf_model.get_output_embeddings()))
+            if weights is None:
+                self.blocks = [
+                    Block(n1, self._linear(*qkv), self._linear(*out), n2, self._linear(*up), self._linear(*down))
+                    for n1, qkv, out, n2, up, down in layers
+                ]
+                self.lm_head = self._linear(*_wb(hf_model.get_output_embeddings()))
+            else:
+                self.blocks = [Block(n1, qkv, out, n2, up, down)
+                               for (n1, n2), (qkv, out, up, down) in zip(layers, weights.blocks)]
+                self.lm_head = weights.head
         self.num_layers = len(self.blocks)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.gqa = self.num_heads != self.num_kv_heads
         self._rope_table = None
         self._kv_only: list[Linear] | None = None
+
+    @property
+    def weights_label(self) -> str:
+        """Which weights and activations run, in words the bench header and the page show."""
+        return self.weights.label if self.weights is not None else str(self.dtype).removeprefix("torch.")
 
     def _linear(self, weight, bias):
         return Linear(weight, bias, self.pack)
@@ -124,6 +147,8 @@ class Decoder:
         self.max_positions = c.max_position_embeddings
         self.embed_positions, self.position_offset, self.rotary = None, 0, m.rotary_emb
         self.final_norm = _wb(m.norm)
+        if self.weights is not None:  # the norms only: the matrices come from `weights`, the model's stay unread
+            return [(_wb(l.input_layernorm), _wb(l.post_attention_layernorm)) for l in m.layers]
         return [(_wb(l.input_layernorm), _cat(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj),
                  _wb(l.self_attn.o_proj), _wb(l.post_attention_layernorm),
                  _cat(l.mlp.gate_proj, l.mlp.up_proj), _wb(l.mlp.down_proj)) for l in m.layers]
@@ -211,8 +236,10 @@ class Decoder:
             keys[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
             values[:, :, start:end] = qkv[:, :, H + Hkv:].transpose(1, 2)
             keys, values = keys[:, :, :end], values[:, :, :end]
-        attn = F.scaled_dot_product_attention(  # in the cache's dtype (see cache_dtype)
-            qk[:, :, :H].transpose(1, 2).to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=self.gqa,
+        wide = self.attention_dtype or keys.dtype  # the cache's dtype (see cache_dtype), or wider
+        attn = F.scaled_dot_product_attention(
+            qk[:, :, :H].transpose(1, 2).to(wide), keys.to(wide), values.to(wide),
+            attn_mask=None if mask is None else mask.to(wide), enable_gqa=self.gqa,
         )
         x = x + w.out(attn.transpose(1, 2).reshape(B, S, self.q_size).to(x.dtype))
         h = w.up(self._norm(x, w.norm2))
@@ -229,8 +256,7 @@ class Decoder:
         layer still owes later tokens its keys and values here, made from its copied hidden state."""
         w = self.blocks[layer]
         if self._kv_only is None:  # the key/value rows of the fused matrices, packed on first use
-            self._kv_only = [self._linear(b.qkv.weight[self.q_size:], None if b.qkv.bias is None
-                                          else b.qkv.bias[self.q_size:]) for b in self.blocks]
+            self._kv_only = [b.qkv.rows(self.q_size) for b in self.blocks]
         B, S, _ = x.shape
         kv = self._kv_only[layer](self._norm(x, w.norm1)).view(B, S, 2 * self.num_kv_heads, self.head_dim)
         keys[:, :, start:start + S] = self._rotate(kv[:, :, : self.num_kv_heads], rope).transpose(1, 2)
@@ -241,7 +267,7 @@ class Decoder:
         Compilation happens on the first calls of each shape family. Optional: on this 2-core CPU it does
         not pay (`skipdecode bench --compile` measures it)."""
         for linear in (lin for b in self.blocks for lin in (b.qkv, b.out, b.up, b.down)):
-            if linear.packed is not None:
+            if isinstance(linear, Linear) and linear.packed is not None:
                 _PACKED[linear.weight.data_ptr()] = linear.packed
         self._layer = torch.compile(self._layer, dynamic=True, **options)
 

@@ -50,6 +50,25 @@ def test_the_least_recently_used_engine_goes_first(studio):
     assert studio.loads.count("a0") == 1  # still loaded: not loaded again
 
 
+def test_adapters_on_the_shared_4bit_base_all_stay(studio, monkeypatch):
+    """On the GGUF's packed 4-bit base an adapter is its LoRA factors beside it (skipdecode/q4.py): every
+    served model stays loaded, and the base is loaded once."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(studio_module, "shares_base", lambda model, adapter: True)
+    load = studio_module.Engine.load
+
+    def shared(*args, **kwargs):
+        engine = load(*args, **kwargs)
+        engine.decoder = SimpleNamespace(weights=object())
+        return engine
+
+    monkeypatch.setattr(studio_module.Engine, "load", staticmethod(shared))
+    for label in ("base", *(f"a{i}" for i in range(6))):
+        studio.engine(label)
+    assert len(studio.loaded) == 7 and studio.loads.count("base") == 1
+
+
 def test_fewer_than_three_models_is_refused():
     with pytest.raises(ValueError, match="at least 3"):
         Studio([ModelChoice("base", None)], limits=Limits(max_models=2), batcher=Batcher(window_s=0.0))

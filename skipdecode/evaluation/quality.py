@@ -110,11 +110,15 @@ def perplexities(model, prompt_ids: Sequence[int], continuations: Sequence[Seque
     if not scored:
         return [None] * len(rows)
     width = max(len(row) for row in scored)
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt + row + [row[-1]] * (width - len(row)) for row in scored], device=device)
-    targets = torch.tensor([row + [-100] * (width - len(row)) for row in scored], device=device)
-    # logits_to_keep = width + 1 keeps positions P - 1 .. P + width - 1; position P - 1 + j predicts token j.
-    logits = model(ids, logits_to_keep=width + 1).logits[:, :width].float()
+    ids = torch.tensor([prompt + row + [row[-1]] * (width - len(row)) for row in scored])
+    targets = torch.tensor([row + [-100] * (width - len(row)) for row in scored])
+    # Positions P - 1 .. P + width - 2 predict the continuation: position P - 1 + j predicts token j.
+    if hasattr(model, "hidden_states"):  # an Engine: its own weights (4-bit, an unmerged adapter)
+        logits = model.decoder.logits(model.hidden_states(ids)[-1][:, -(width + 1):-1]).float()
+    else:
+        ids = ids.to(next(model.parameters()).device)
+        logits = model(ids, logits_to_keep=width + 1).logits[:, :width].float()
+    targets = targets.to(logits.device)
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
     means = (nll.sum(1) / (targets != -100).sum(1)).tolist()
     values = iter(math.exp(m) for m in means)
@@ -131,15 +135,19 @@ def exit_layers(model, prompt_ids: Sequence[int], continuation_ids: Sequence[int
     prompt, continuation = list(prompt_ids), list(continuation_ids)
     if not prompt or not continuation:
         raise ValueError("exit layers need a non-empty prompt and continuation")
-    norm, head = _logits_model(model)
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt + continuation], device=device)
-    out = model(ids, output_hidden_states=True)
+    ids = torch.tensor([prompt + continuation])
     where = slice(len(prompt) - 1, len(prompt) - 1 + len(continuation))  # positions predicting them
-    final = out.logits[0, where].argmax(-1)
-    num_layers = len(out.hidden_states) - 1
+    if hasattr(model, "hidden_states"):  # an Engine: its own weights (4-bit, an unmerged adapter)
+        states, lens = model.hidden_states(ids), model.decoder.logits
+        final = lens(states[-1][0, where]).argmax(-1)
+    else:
+        norm, head = _logits_model(model)
+        out = model(ids.to(next(model.parameters()).device), output_hidden_states=True)
+        states, lens = out.hidden_states, lambda h: head(norm(h))
+        final = out.logits[0, where].argmax(-1)
+    num_layers = len(states) - 1
     exits = torch.full_like(final, num_layers)
-    for layer in range(num_layers - 1, 0, -1):  # hidden_states[l] is the output of the first l layers
-        agrees = head(norm(out.hidden_states[layer][0, where])).argmax(-1) == final
+    for layer in range(num_layers - 1, 0, -1):  # states[l] is the output of the first l layers
+        agrees = lens(states[layer][0, where]).argmax(-1) == final
         exits = torch.where(agrees, torch.full_like(exits, layer), exits)
     return exits.tolist()

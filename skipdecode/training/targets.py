@@ -34,7 +34,7 @@ def training_prompts(tokenizer, path=None, max_prompt_tokens: int = MAX_PROMPT_T
 def targets_file(folder, engine, max_new_tokens: int) -> Path:
     """Where the full-depth answers of one model, precision and length are cached."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", engine.name).strip("-")
-    dtype = str(engine.decoder.dtype).replace("torch.", "")
+    dtype = "int4" if engine.decoder.weights is not None else str(engine.decoder.dtype).replace("torch.", "")
     return Path(folder) / f"targets-{name}-{dtype}-{max_new_tokens}tokens.jsonl"
 
 

@@ -1,0 +1,189 @@
+"""The GGUF's own 4-bit blocks in PyTorch's int4 kernel (skipdecode/q4.py): blocks read bit-exactly, the
+packed product against the float32 one, unmerged LoRA against merged, batch invariance, and the bundled
+model's greedy tokens against the float32 path."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from conftest import PROMPTS
+from skipdecode import q4
+
+
+def random_q4_1(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """A Q4_1 tensor's bytes as gguf writes them, from a random matrix."""
+    rng = np.random.default_rng(seed)
+    return quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, T.Q4_1)
+
+
+def test_blocks_equal_gguf_dequantization():
+    raw = random_q4_1(96, 128)
+    blocks = q4.q4_1_blocks(raw)
+    assert blocks.codes.dtype == torch.uint8 and int(blocks.codes.max()) <= 15
+    assert torch.equal(blocks.dequantize(), torch.from_numpy(dequantize(raw, T.Q4_1)))
+    q8 = quantize(np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32), T.Q8_0)
+    assert torch.equal(q4.q8_0_values(q8), torch.from_numpy(dequantize(q8, T.Q8_0)))
+
+
+def test_unpermuted_rows_follow_transformers():
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    raw = random_q4_1(192, 64)
+    ours = q4.unpermute_rows(q4.q4_1_blocks(raw), 3).dequantize()
+    theirs = LlamaTensorProcessor()._reverse_permute_weights(dequantize(raw, T.Q4_1), 3, 3)
+    assert torch.equal(ours, torch.from_numpy(theirs))
+
+
+def test_packed_product_matches_float32():
+    blocks = q4.q4_1_blocks(random_q4_1(192, 256))
+    w = blocks.dequantize()
+    x = torch.randn(5, 256)
+    exact = x @ w.t()
+    # float32 activations: the kernel's reference loop, the same weights to float32 rounding
+    assert torch.allclose(q4.Int4Linear.of(blocks, torch.float32)(x), exact, rtol=1e-5, atol=1e-5)
+    # bfloat16 activations: inputs, scales, zeros and outputs rounded to bfloat16 (8 bits of mantissa)
+    y = q4.Int4Linear.of(blocks)(x)
+    assert y.dtype == torch.float32
+    assert ((y - exact).abs().max() / exact.abs().max()) < 2e-2
+    assert torch.equal(q4.Int4Linear.of(blocks).rows(64)(x), y[:, 64:])
+
+
+def test_batch_of_16_equals_each_row_alone():
+    linear = q4.Int4Linear.of(q4.q4_1_blocks(random_q4_1(128, 64)))
+    head = q4.RescoredHead(torch.randn(512, 64))
+    x = torch.randn(16, 64)
+    for f in (linear, head):
+        batch = f(x)
+        assert all(torch.equal(batch[i:i + 1], f(x[i:i + 1])) for i in range(16))
+
+
+def test_rescored_head_picks_the_float32_argmax():
+    torch.manual_seed(0)
+    exact = torch.randn(4096, 64) * 0.1
+    head = q4.RescoredHead(exact)
+    h = torch.randn(32, 64)
+    reference = h @ exact.t()
+    logits = head(h)
+    assert torch.equal(logits.argmax(-1), reference.argmax(-1))
+    best = head.screen(h).topk(q4.RESCORE, -1).indices  # the rows rescored
+    assert torch.allclose(logits.gather(1, best), reference.gather(1, best), rtol=1e-5, atol=1e-5)
+
+
+def test_unmerged_lora_equals_merged():
+    torch.manual_seed(0)
+    blocks = q4.q4_1_blocks(random_q4_1(64, 96))
+    a, b = torch.randn(8, 96) * 0.1, torch.randn(64, 8) * 0.1  # peft's lora_A [r, K], lora_B [N, r]
+    scale = 2.0
+    merged = blocks.dequantize() + scale * b @ a
+    x = torch.randn(3, 96)
+    base = q4.Int4Linear.of(blocks, torch.float32)
+    unmerged = base.with_lora(a.t().contiguous(), (scale * b).t().contiguous())
+    assert torch.allclose(unmerged(x), F.linear(x, merged), rtol=1e-5, atol=1e-5)
+    assert unmerged.packed is base.packed  # one packed base for every adapter
+    assert unmerged.nbytes > base.nbytes
+
+
+def test_lora_factors_fuse_like_the_decoder(tmp_path):
+    """qkv's A's side by side and B's block-diagonal: the fused product equals the three modules' own."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    r, K, sizes = 4, 32, {"q_proj": 32, "k_proj": 16, "v_proj": 16}
+    tensors = {}
+    for name, n in sizes.items():
+        tensors[f"base_model.model.model.layers.0.self_attn.{name}.lora_A.weight"] = torch.randn(r, K).half()
+        tensors[f"base_model.model.model.layers.0.self_attn.{name}.lora_B.weight"] = torch.randn(n, r).half()
+    save_file(tensors, str(tmp_path / "adapter_model.safetensors"))
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 8}))
+    (factors,) = q4.lora_factors(tmp_path, 1)
+    a, b = factors["qkv"]
+    x = torch.randn(2, K)
+    own = torch.cat([2.0 * x @ tensors[f"base_model.model.model.layers.0.self_attn.{m}.lora_A.weight"].float().t()
+                     @ tensors[f"base_model.model.model.layers.0.self_attn.{m}.lora_B.weight"].float().t()
+                     for m in sizes], dim=-1)
+    assert torch.allclose((x @ a) @ b, own, rtol=1e-5, atol=1e-5)
+    assert set(factors) == {"qkv"}
+
+
+# ---- the bundled model ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def int4():
+    from skipdecode.engine import Engine
+
+    return Engine.load(dtype=q4.INT4)
+
+
+@pytest.mark.slow
+def test_bundled_blocks_are_the_engines_float32_weights(int4):
+    """Every Q4_1 matrix, unpacked and put in transformers' row order, is bit for bit the float32 weight
+    the dequantized path runs (which transformers made with gguf's dequantization), and the packed
+    product on float32 inputs reproduces it."""
+    from gguf import GGUFReader
+
+    from skipdecode.models import bundled_gguf
+
+    hf = int4.model.model
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj"}
+    heads = {"attn_q": 9, "attn_k": 3}
+    checked = 0
+    for t in GGUFReader(bundled_gguf()).tensors:
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else None
+        if kind not in names:
+            continue
+        assert t.tensor_type == T.Q4_1
+        blocks = q4.q4_1_blocks(t.data)
+        if kind in heads:
+            blocks = q4.unpermute_rows(blocks, heads[kind])
+        weight = hf.layers[int(t.name.split(".")[1])].get_submodule(names[kind]).weight
+        assert torch.equal(blocks.dequantize(), weight), t.name
+        checked += 1
+    assert checked == 210
+    w = int4.model.model.layers[0].mlp.down_proj.weight
+    packed = q4.Int4Linear.of(q4.q4_1_blocks(next(t for t in GGUFReader(bundled_gguf()).tensors
+                                                  if t.name == "blk.0.ffn_down.weight").data), torch.float32)
+    assert torch.allclose(packed(torch.eye(w.shape[1])), w.t(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_bundled_greedy_tokens_agree_with_float32(int4, engine):
+    """The 4-bit path's greedy tokens against the float32 path's (conftest's engine): the same weights,
+    but products on bfloat16 inputs, so the two part ways after a while; the bound is the one measured."""
+    for prompt in PROMPTS:
+        ours = int4.generate([prompt], max_new_tokens=24).token_ids[0]
+        theirs = engine.generate([prompt], max_new_tokens=24).token_ids[0]
+        prefix = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        assert prefix >= min(PREFIX_BOUND, len(ours), len(theirs)), (prompt, prefix)
+
+
+PREFIX_BOUND = 16  # tokens (or the whole answer); measured 2026-11-28: 19 of 32, all 8 (EOS), all 32
+
+
+@pytest.mark.slow
+def test_bundled_batch_of_16_equals_alone(int4):
+    """The haiku prompt's batched tokens parted from its own within 24 before attention ran in float64
+    on this path (skipdecode/transformer.py, Decoder.attention_dtype)."""
+    prompts = [PROMPTS[1], "Write a haiku about the sea.", PROMPTS[2]]
+    batch = int4.generate([prompts[i % 3] for i in range(16)], max_new_tokens=24).token_ids
+    for i, prompt in enumerate(prompts):
+        assert int4.generate([prompt], max_new_tokens=24).token_ids[0] == batch[i]
+    assert "int4" in int4.weights_label
+
+
+@pytest.mark.slow
+def test_scoring_through_the_engine_equals_transformers(engine):
+    """Perplexity and exit layers through the engine's own weights (what the app scores the 4-bit path and
+    unmerged adapters with) against transformers' forward, on the float32 path where both hold the same."""
+    from skipdecode import quality
+
+    prompt = engine.encode(PROMPTS[1])
+    tokens = engine.generate([prompt], max_new_tokens=8).token_ids[0]
+    ours, theirs = quality.perplexities(engine, prompt, [tokens]), quality.perplexities(engine.model, prompt, [tokens])
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-4)
+    assert quality.exit_layers(engine, prompt, tokens) == quality.exit_layers(engine.model, prompt, tokens)
