@@ -180,7 +180,7 @@ def test_bundled_batch_of_16_equals_alone(int4):
 def test_scoring_through_the_engine_equals_transformers(engine):
     """Perplexity and exit layers through the engine's own weights (what the app scores the 4-bit path and
     unmerged adapters with) against transformers' forward, on the float32 path where both hold the same."""
-    from skipdecode import quality
+    from skipdecode.evaluation import quality
 
     prompt = engine.encode(PROMPTS[1])
     tokens = engine.generate([prompt], max_new_tokens=8).token_ids[0]
