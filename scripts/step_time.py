@@ -58,7 +58,7 @@ def main() -> None:
         print(line)
         lines.append(line)
 
-    engine = Engine.load()
+    engine = Engine.load(dtype="float32")  # the dequantized path: this script times its float32 matrices
     dec = engine.decoder
     linears = [getattr(b, k) for b in dec.blocks for k in KINDS] + [dec.lm_head]
     weight_bytes = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)

@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --beams: a finished beam scores log-probability / length ** this")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--device", default="auto")
-    gen.add_argument("--dtype", default="auto")
+    gen.add_argument("--dtype", default="auto", help="auto (on a CPU the bundled model's own 4-bit GGUF blocks, "
+                                                    "skipdecode/q4.py), int4, float32, bfloat16 or float16")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=cmd_generate)
 

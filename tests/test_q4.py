@@ -132,8 +132,8 @@ def test_bundled_blocks_are_the_engines_float32_weights(int4):
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
              "ffn_down": "mlp.down_proj"}
     heads = {"attn_q": 9, "attn_k": 3}
-    checked = 0
-    for t in GGUFReader(bundled_gguf()).tensors:
+    checked, tensors = 0, GGUFReader(bundled_gguf()).tensors  # reading the file's metadata takes seconds: once
+    for t in tensors:
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else None
         if kind not in names:
             continue
@@ -146,8 +146,8 @@ def test_bundled_blocks_are_the_engines_float32_weights(int4):
         checked += 1
     assert checked == 210
     w = int4.model.model.layers[0].mlp.down_proj.weight
-    packed = q4.Int4Linear.of(q4.q4_1_blocks(next(t for t in GGUFReader(bundled_gguf()).tensors
-                                                  if t.name == "blk.0.ffn_down.weight").data), torch.float32)
+    packed = q4.Int4Linear.of(q4.q4_1_blocks(next(t for t in tensors if t.name == "blk.0.ffn_down.weight").data),
+                              torch.float32)
     assert torch.allclose(packed(torch.eye(w.shape[1])), w.t(), rtol=0, atol=1e-6)
 
 
