@@ -187,3 +187,14 @@ def test_scoring_through_the_engine_equals_transformers(engine):
     ours, theirs = quality.perplexities(engine, prompt, [tokens]), quality.perplexities(engine.model, prompt, [tokens])
     assert ours[0] == pytest.approx(theirs[0], rel=1e-4)
     assert quality.exit_layers(engine, prompt, tokens) == quality.exit_layers(engine.model, prompt, tokens)
+
+
+def test_the_bench_counts_the_same_work_and_the_real_bytes_on_both_paths(int4, engine):
+    """The cost model's multiply-accumulates do not depend on a weight's format; the floor's bytes do: a
+    4-bit layer reads its codes and their scales, about 5 bits a weight, not float32's 32."""
+    from skipdecode.evaluation.bench import CostModel, Reads
+
+    assert CostModel.of(int4.decoder) == CostModel.of(engine.decoder)
+    dense, packed = Reads.of(engine.decoder), Reads.of(int4.decoder)
+    norms = 2 * 576 * 4  # float32 on both paths
+    assert 4.5 / 32 < (packed.layer - norms) / (dense.layer - norms) < 5.5 / 32

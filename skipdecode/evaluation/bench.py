@@ -71,11 +71,13 @@ class CostModel:
     def of(cls, dec) -> "CostModel":
         block = dec.blocks[0]
         norms = sum(t.numel() for norm in (block.norm1, block.norm2) for t in norm if t is not None)
-        layer = norms + sum(lin.weight.numel() for lin in (block.qkv, block.out, block.up, block.down))
-        kv_rows = block.qkv.weight.shape[1] * 2 * dec.kv_size
+        layer = norms + sum(outputs * inputs for outputs, inputs in map(_shape, (block.qkv, block.out, block.up,
+                                                                                  block.down)))
+        kv_rows = _shape(block.qkv)[1] * 2 * dec.kv_size
         d = dec.embed_tokens.shape[1]
+        head = _shape(dec.lm_head)
         return cls(embedding=d, layer=layer, kv_only=block.norm1[0].numel() + kv_rows,
-                   head=dec.lm_head.weight.numel() + d, attention_width=dec.q_size, kv_width=dec.kv_size)
+                   head=head[0] * head[1] + d, attention_width=dec.q_size, kv_width=dec.kv_size)
 
     def token(self, layers: int, context: int, kv_only: int = 0, heads: int = 1) -> int:
         """Work for one token that runs `layers` layers over `context` cached columns."""
@@ -103,6 +105,15 @@ class CostModel:
     def reads(self, element_bytes: int = 1) -> "Reads":
         return Reads(*(n * element_bytes for n in (self.embedding, self.layer, self.kv_only, self.head,
                                                     2 * self.kv_width)))
+
+
+def _shape(product) -> tuple[int, int]:
+    """(outputs, inputs) of a product, whatever holds its weights: a dense matrix (transformer.Linear), the
+    GGUF's 4-bit blocks (q4.Int4Linear) or the 4-bit screened head (q4.RescoredHead, its exact rows)."""
+    if hasattr(product, "out_features"):
+        return product.out_features, product.in_features
+    weight = product.exact if hasattr(product, "exact") else product.weight
+    return tuple(weight.shape)
 
 
 @dataclass(frozen=True)
