@@ -1,7 +1,7 @@
 """The 4-bit GGUF path (skipdecode/q4.py) against the float32 path, in one process, on the bench's workload.
 
     python scripts/int4_speed.py [--batch-sizes 1,16] [--speedups 1,2,3,5] [--repeats 3] [--kernels]
-                                 [--float32-attention]
+                                 [--float32-attention] [--compile]
 
 E2E test MRs, 64 new tokens a row (EOS does not stop a run), the bench's SkipDecode schedules. Engines are
 timed in turns (round r times every engine before round r + 1) so that both see the same machine load;
@@ -84,11 +84,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="also time the int4 path under torch.compile")
     parser.add_argument("--float32-attention", action="store_true", help="also time the int4 path with float32 "
                                                                          "attention (what float64 costs)")
     args = parser.parse_args()
     items = read_items(resolve(None, E2E_TEST))
     engines = {"float32": Engine.load(dtype="float32"), "int4": Engine.load(dtype=q4.INT4)}
+    if args.compile:  # torch.compile of the layer math (Decoder.compile), on the same packed weights
+        engines["int4, compiled"] = Engine.load(dtype=q4.INT4)
+        engines["int4, compiled"].decoder.compile()
     if args.float32_attention:  # the same packed weights, attention in float32 (not batch-invariant): its cost
         engines["int4, float32 attention"] = Engine.load(dtype=q4.INT4)
         engines["int4, float32 attention"].decoder.attention_dtype = None

@@ -10,6 +10,7 @@ step in place of the decoder, which keeps finished rows instead of compacting th
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 import time
@@ -97,8 +98,16 @@ class Engine:
         from .models import load_model
 
         info = _adapter_info(adapter)
+        base = None
         if shares_base(name_or_path, info, device, dtype):
-            loaded, weights = q4.load_base()
+            try:
+                base = q4.load_base()
+            except q4.NotQ4_1 as why:  # another quantization: today's dequantized path, said in the log
+                if dtype == q4.INT4:
+                    raise
+                logging.getLogger("skipdecode").warning("%s: running the dequantized float32 path", why)
+        if base is not None:
+            loaded, weights = base
             if info is not None:
                 if not same_base(info.base_model, loaded.name):
                     raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {loaded.name}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +90,10 @@ def unpermute_rows(blocks: Q4Blocks, heads: int) -> Q4Blocks:
     N = blocks.codes.shape[0]
     order = torch.arange(N).view(heads, N // heads // 2, 2).transpose(1, 2).reshape(-1)
     return blocks.rows(order)
+
+
+class NotQ4_1(ValueError):
+    """A GGUF whose matrices are not all Q4_1: it runs on the dequantized path."""
 
 
 class Int4Linear:
@@ -174,34 +178,33 @@ class GGUFWeights:
     head: RescoredHead
     label: str
     adapter: str | None = None
-    notes: list[str] = field(default_factory=list)
 
     def with_adapter(self, name: str, factors: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]) -> "GGUFWeights":
         """The same packed matrices with an adapter's LoRA factors beside them (`lora_factors`)."""
         blocks = [tuple(lin.with_lora(*layer[kind]) if kind in layer else lin
                         for kind, lin in zip(("qkv", "out", "up", "down"), linears))
                   for linears, layer in zip(self.blocks, factors)]
-        return GGUFWeights(blocks, self.head, f"{self.label}; LoRA unmerged", name, self.notes)
+        return GGUFWeights(blocks, self.head, f"{self.label}; LoRA unmerged", name)
 
 
 def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dtype = ACTIVATIONS) -> GGUFWeights:
-    """The decoder's matrices from a llama-family GGUF: Q4_1 ones packed as they are, any other type
-    dequantized by gguf and requantized to 4 bits (said in `notes`). `embedding` is the float32 token
-    embedding the engine already holds (the head's exact rows when the head is tied to it)."""
+    """The decoder's matrices from a llama-family GGUF, Q4_1 blocks packed as they are; a file with any
+    other type among them raises NotQ4_1 (the engine then runs today's dequantized path and says so).
+    `embedding` is the float32 token embedding the engine already holds (the head's exact rows when the
+    head is tied to it)."""
     from gguf import GGMLQuantizationType as T, GGUFReader
     from gguf.quants import dequantize
 
     tensors = {t.name: t for t in GGUFReader(path).tensors}
-    notes: list[str] = []
+    others = sorted({t.tensor_type.name for name, t in tensors.items()
+                     if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2
+                     and t.tensor_type != T.Q4_1})
+    if others:
+        raise NotQ4_1(f"{Path(path).name} holds {', '.join(others)} matrices; the int4 kernel runs Q4_1 blocks only")
     H, Hkv = config.num_attention_heads, config.num_key_value_heads
 
     def blocks(name: str, heads: int | None = None) -> Q4Blocks:
-        t = tensors[name]
-        if t.tensor_type == T.Q4_1:
-            found = q4_1_blocks(t.data)
-        else:
-            notes.append(f"{name}: {t.tensor_type.name}, dequantized and requantized to 4 bits")
-            found = quantize(torch.from_numpy(dequantize(t.data, t.tensor_type).astype(np.float32)))
+        found = q4_1_blocks(tensors[name].data)
         return unpermute_rows(found, heads) if heads else found
 
     def fused(*parts: Q4Blocks) -> Int4Linear:
@@ -224,7 +227,7 @@ def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dt
     head = RescoredHead(head_rows, activations)
     kind = "bfloat16" if activations == torch.bfloat16 else "float32"
     label = f"int4 (GGUF Q4_1) weights, {kind} activations; head int4 + float32 top-{RESCORE}"
-    return GGUFWeights(layers, head, label, notes=notes)
+    return GGUFWeights(layers, head, label)
 
 
 def lora_factors(folder: Path, num_layers: int) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:

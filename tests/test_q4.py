@@ -198,3 +198,21 @@ def test_the_bench_counts_the_same_work_and_the_real_bytes_on_both_paths(int4, e
     dense, packed = Reads.of(engine.decoder), Reads.of(int4.decoder)
     norms = 2 * 576 * 4  # float32 on both paths
     assert 4.5 / 32 < (packed.layer - norms) / (dense.layer - norms) < 5.5 / 32
+
+
+def test_other_quantizations_are_refused(tmp_path):
+    """A GGUF with a matrix in another type is not run on the int4 kernel (the engine falls back to the
+    dequantized path and logs why)."""
+    from types import SimpleNamespace
+
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_tensor("blk.0.attn_q.weight", quantize(np.ones((64, 64), np.float32), T.Q8_0), raw_dtype=T.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = SimpleNamespace(num_attention_heads=1, num_key_value_heads=1, num_hidden_layers=1)
+    with pytest.raises(q4.NotQ4_1, match="Q8_0"):
+        q4.read_gguf(tmp_path / "m.gguf", config, torch.zeros(8, 64))
