@@ -19,7 +19,7 @@ demo: $(STAMP)  # SkipDecode Studio at http://127.0.0.1:7860
 
 test: $(STAMP)  # the browser tests need Debian's chromium: installed here when missing and possible
 	bash scripts/setup_browser.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
