@@ -190,7 +190,7 @@ def agreement_tf(decoder, prompt_ids: list[list[int]], answers: list[list[int]])
     """% of an answer's tokens that full depth (`decoder`, the base model's) would have chosen itself given
     the same prefix, mean over the non-empty answers: where the answer's own prefix is kept, unlike
     `agreement`, which an answer loses for good at its first different token."""
-    from .lens import divergence
+    from ..lens import divergence
 
     shares = [divergence(decoder, prompt, ids).agreement for prompt, ids in zip(prompt_ids, answers) if ids]
     return 100.0 * sum(shares) / len(shares) if shares else 100.0
