@@ -16,15 +16,15 @@ import argparse
 import os
 import platform
 import statistics
-import time
 
 import torch
 
 from skipdecode import q4
-from skipdecode.bench import E2E_TEST
-from skipdecode.data import read_items, resolve
+from skipdecode.evaluation.bench import E2E_TEST
+from skipdecode.evaluation.data import read_items, resolve
 from skipdecode.engine import Engine
 from skipdecode.schedule import for_speedup
+from step_time import run_times  # scripts/, beside this one
 
 
 def step_ms(engine, prompts, speedup, new_tokens) -> float:
@@ -34,13 +34,7 @@ def step_ms(engine, prompts, speedup, new_tokens) -> float:
 
 
 def best_ms(fn, runs=30) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times) * 1e3
+    return min(run_times(fn, runs)) * 1e3
 
 
 def kernels(int4: Engine, f32: Engine) -> None:
