@@ -117,13 +117,16 @@ class Int4Linear:
         return cls(packed, scales_zeros.contiguous().to(activations), K, activations)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in the kernel's output dtype (bfloat16), or float32 with a LoRA term. The decoder's
+        next operations widen bfloat16 exactly (a float32 add or multiply promotes it), so returning it as
+        it is spares one conversion a product without changing a bit."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.activations), self.packed, GROUP,
-                                                        self.scales_zeros).to(x.dtype)
+                                                        self.scales_zeros)
         if self.lora is not None:
             a, b = self.lora
-            y = torch.addmm(y, x @ a, b)
+            y = torch.addmm(y.to(x.dtype), x @ a, b)
         return y.view(*shape[:-1], self.out_features)
 
     def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> "Int4Linear":
@@ -158,7 +161,7 @@ class RescoredHead:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         shape = h.shape
         h = h.reshape(-1, shape[-1]).float()
-        logits = self.screen(h)
+        logits = self.screen(h).float()
         best = logits.topk(self.rescore, dim=-1).indices
         exact = (self.exact[best] * h[:, None, :]).sum(-1)  # row by row: the same in any batch
         return logits.scatter_(1, best, exact).view(*shape[:-1], -1)

@@ -1,0 +1,224 @@
+"""Where a 4-bit decode step's time goes besides the products, and what was tried against it (issue 55).
+
+    PYTHONPATH=. python scripts/int4_overhead.py [--parts] [--attention] [--invariance] [--compile]
+
+Every timing is one decode step of the 30 layers (no head unless named) on the bundled model's 4-bit path,
+at batch 1 and 16 with 100 cached columns (random hidden states and cache: the work, not the tokens,
+matters here), the median of 10-30 calls; variants are timed in turns in one process so that they see the
+same machine. Without flags: the products alone (the kernel, and `Int4Linear` around it), the head, and
+the whole step.
+  --parts       the step cut into the layer's statements (a timed copy of `Decoder._layer`)
+  --attention   one float32 call a row (the default), one batched float64 call (session 42's default),
+                one batched float32 call
+  --invariance  the default: a batch of 18 prompts against each alone, token for token
+  --compile     torch.compile of the whole 30-layer stack (two minutes or more to compile)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+import types
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+from skipdecode.cache import KVCache
+from skipdecode.engine import Engine
+
+T = 100  # cached columns
+
+
+def median_ms(fn, runs=30) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def inputs(dec, batch: int):
+    """A cache of T columns, one new column's hidden states, its RoPE and (batch > 1) a mask in which row
+    i has i pad columns, as a left-padded batch has."""
+    g = torch.Generator().manual_seed(batch)
+    cache = KVCache(dec.num_layers, batch, dec.num_kv_heads, T + 8, dec.head_dim, "cpu", dec.dtype)
+    cache.data.copy_(torch.randn(cache.data.shape, generator=g))
+    x = torch.randn(batch, 1, dec.embed_tokens.shape[1], generator=g)
+    rope = dec.rope(torch.full((batch, 1), T), limit=T + 8)
+    valid = torch.ones(batch, T + 8, dtype=torch.bool)
+    for row in range(batch):
+        valid[row, :row] = False
+    mask = dec.attention_bias(valid)[:, None, None, :T + 1] if batch > 1 else None
+    return cache, x, rope, mask
+
+
+def layers(dec, cache, x, rope, mask):
+    for layer in range(dec.num_layers):
+        cache.lengths[layer] = T
+        x = dec.block(layer, x, rope, mask, *cache.claim(layer, T, 1), T)
+    return x
+
+
+def products(dec, batch: int) -> None:
+    xs = {k: torch.randn(batch, k) for k in (576, 1536)}
+    linears = [lin for b in dec.blocks for lin in (b.qkv, b.out, b.up, b.down)]
+    raw = [(xs[lin.in_features].bfloat16(), lin.packed, lin.scales_zeros) for lin in linears]
+    kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+    step = inputs(dec, batch)
+    figures = {
+        "the 120 products, the kernel alone": lambda: [kernel(x, p, 32, sz) for x, p, sz in raw],
+        "the 120 products through Int4Linear": lambda: [lin(xs[lin.in_features]) for lin in linears],
+        "the LM head (int4 screen + float32 top-64)": lambda: dec.lm_head(xs[576]),
+        "the 30 layers": lambda: layers(dec, *step),
+        "the 30 layers and the head": lambda: dec.logits(layers(dec, *step)[:, -1]),
+    }
+    for name, fn in figures.items():
+        print(f"| batch {batch} | {name} | {median_ms(fn):.2f} ms |")
+
+
+def timed_layer(acc):
+    """Decoder._layer with a clock between its statements (keep in step with skipdecode/transformer.py)."""
+    def _layer(self, w, x, rope, mask, keys, values, start):
+        clock = [time.perf_counter()]
+
+        def lap(name):
+            clock.append(time.perf_counter())
+            acc[name] += clock[-1] - clock[-2]
+
+        B, S, _ = x.shape
+        H, Hkv = self.num_heads, self.num_kv_heads
+        h = self._norm(x, w.norm1); lap("norms")
+        qkv = w.qkv(h).view(B, S, H + 2 * Hkv, self.head_dim); lap("products")
+        qk = self._rotate(qkv[:, :, : H + Hkv], rope); lap("RoPE")
+        keys[:, :, start:start + S] = qk[:, :, H:].transpose(1, 2)
+        values[:, :, start:start + S] = qkv[:, :, H + Hkv:].transpose(1, 2)
+        keys, values = keys[:, :, :start + S], values[:, :, :start + S]; lap("cache writes")
+        attn = self._attend(qk[:, :, :H].transpose(1, 2), keys, values, mask); lap("attention")
+        attn = attn.transpose(1, 2).reshape(B, S, self.q_size); lap("other")
+        y = w.out(attn); lap("products")
+        x = x + y; lap("residual adds")
+        h = self._norm(x, w.norm2); lap("norms")
+        h = w.up(h).to(x.dtype); lap("products")
+        gate, up = h.chunk(2, dim=-1)
+        h = self.act(gate) * up; lap("SiLU and gate")
+        y = w.down(h); lap("products")
+        x = x + y; lap("residual adds")
+        return x
+    return _layer
+
+
+def parts(dec, batch: int) -> None:
+    acc = defaultdict(float)
+    plain = dec._layer
+    dec._layer = types.MethodType(timed_layer(acc), dec)
+    step = inputs(dec, batch)
+    for _ in range(3):
+        layers(dec, *step)
+    acc.clear()
+    runs = 20
+    started = time.perf_counter()
+    for _ in range(runs):
+        layers(dec, *step)
+    total = (time.perf_counter() - started) * 1e3 / runs
+    dec._layer = plain
+    for name, seconds in sorted(acc.items(), key=lambda kv: -kv[1]):
+        print(f"| batch {batch} | {name} | {seconds * 1e3 / runs:.2f} ms |")
+    print(f"| batch {batch} | the rest (Python calls, the cache's bookkeeping) | "
+          f"{total - sum(acc.values()) * 1e3 / runs:.2f} ms |")
+    print(f"| batch {batch} | **the 30 layers** | **{total:.2f} ms** |")
+
+
+def float64(self, q, keys, values, mask):
+    """One batched call in float64 (session 42's default): invariant because float64 sums round back to
+    the same float32 in a batch as alone; the conversions and the float64 kernel are what it costs."""
+    wide = torch.float64
+    return F.scaled_dot_product_attention(q.to(wide), keys.to(wide), values.to(wide),
+                                          attn_mask=None if mask is None else mask.to(wide),
+                                          enable_gqa=self.gqa).to(q.dtype)
+
+
+def batched_float32(self, q, keys, values, mask):
+    """One float32 call for the batch: the fastest, and not batch-invariant on this path."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.gqa)
+
+
+def attention(dec, batch: int) -> None:
+    variants = {"one float32 call a row (the default)": None, "one batched float64 call (session 42)": float64,
+                "one batched float32 call (not batch-invariant)": batched_float32}
+    step = inputs(dec, batch)
+    times = defaultdict(list)
+    for _ in range(8):
+        for name, variant in variants.items():
+            if variant is None:
+                dec.__dict__.pop("_attend", None)
+            else:
+                dec._attend = types.MethodType(variant, dec)
+            times[name].append(median_ms(lambda: layers(dec, *step), runs=8))
+    dec.__dict__.pop("_attend", None)
+    for name, found in times.items():
+        print(f"| batch {batch} | {name} | {statistics.median(found):.2f} ms |")
+
+
+def invariance(engine) -> None:
+    """The default (row-by-row attention): a batch of 18 prompts of many lengths against each alone."""
+    from skipdecode.evaluation.bench import E2E_TEST
+    from skipdecode.evaluation.data import read_items, resolve
+
+    prompts = [item.prompt for item in read_items(resolve(None, E2E_TEST))[:16]]
+    prompts += ["Write a haiku about the sea.", "What is the capital of France?"]
+    batch = engine.generate(prompts, max_new_tokens=32, stop_at_eos=False).token_ids
+    same = sum(engine.generate([p], max_new_tokens=32, stop_at_eos=False).token_ids[0] == b
+               for p, b in zip(prompts, batch))
+    print(f"row-by-row float32 attention: {same} of {len(prompts)} prompts decode the same 32 tokens in a batch "
+          f"of {len(prompts)} as alone")
+
+
+def compiled(dec) -> None:
+    def stack(x, rope, data, start: int):
+        for layer in range(dec.num_layers):
+            x = dec._layer(dec.blocks[layer], x, rope, None, data[layer, 0], data[layer, 1], start)
+        return x
+
+    cache, x, rope, _ = inputs(dec, 1)
+    eager = median_ms(lambda: stack(x, rope, cache.data, T))
+    fn = torch.compile(stack, dynamic=True)
+    started = time.perf_counter()
+    fn(x, rope, cache.data, T)
+    print(f"| batch 1 | the 30 layers, eager | {eager:.2f} ms |")
+    print(f"| batch 1 | the 30 layers, torch.compile (compiled in {time.perf_counter() - started:.0f} s) | "
+          f"{median_ms(lambda: fn(x, rope, cache.data, T)):.2f} ms |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag in ("parts", "attention", "invariance", "compile"):
+        parser.add_argument(f"--{flag}", action="store_true")
+    args = parser.parse_args()
+    engine = Engine.load(dtype="int4")
+    dec = engine.decoder
+    print(f"# {platform.processor() or 'cpu'}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load {os.getloadavg()[0]:.2f}; {engine.weights_label}")
+    with torch.inference_mode():
+        for batch in (1, 16):
+            if not (args.parts or args.attention or args.compile or args.invariance):
+                products(dec, batch)
+            if args.parts:
+                parts(dec, batch)
+            if args.attention:
+                attention(dec, batch)
+        if args.compile:
+            compiled(dec)
+    if args.invariance:
+        invariance(engine)
+    print(f"# load after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
