@@ -29,19 +29,13 @@ import torch.nn.functional as F
 
 from skipdecode.cache import KVCache
 from skipdecode.engine import Engine
+from step_time import run_times  # scripts/, beside this one
 
 T = 100  # cached columns
 
 
 def median_ms(fn, runs=30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+    return statistics.median(run_times(fn, runs)) * 1e3
 
 
 def inputs(dec, batch: int):
