@@ -1,6 +1,6 @@
 """Where a 4-bit decode step's time goes besides the products, and what was tried against it (issue 55).
 
-    PYTHONPATH=. python scripts/int4_overhead.py [--parts] [--attention] [--invariance] [--compile]
+    PYTHONPATH=. python scripts/int4_overhead.py [--parts] [--attention] [--consistency] [--compile]
 
 Every timing is one decode step of the 30 layers (no head unless named) on the bundled model's 4-bit path,
 at batch 1 and 16 with 100 cached columns (random hidden states and cache: the work, not the tokens,
@@ -8,9 +8,10 @@ matters here), the median of 10-30 calls; variants are timed in turns in one pro
 same machine. Without flags: the products alone (the kernel, and `Int4Linear` around it), the head, and
 the whole step.
   --parts       the step cut into the layer's statements (a timed copy of `Decoder._layer`)
-  --attention   one float32 call a row (the default), one batched float64 call (session 42's default),
-                one batched float32 call
-  --invariance  the default: a batch of 18 prompts against each alone, token for token
+  --attention   the decode step with each way of attending (VARIANTS): one float64 call (the default),
+                float32 row by row, one float32 call
+  --consistency per way of attending: batch against alone, teacher-forced scoring against decoding, and
+                the prefill's time
   --compile     torch.compile of the whole 30-layer stack (two minutes or more to compile)
 """
 
@@ -129,13 +130,27 @@ def parts(dec, batch: int) -> None:
     print(f"| batch {batch} | **the 30 layers** | **{total:.2f} ms** |")
 
 
-def float64(self, q, keys, values, mask):
-    """One batched call in float64 (session 42's default): invariant because float64 sums round back to
-    the same float32 in a batch as alone; the conversions and the float64 kernel are what it costs."""
-    wide = torch.float64
-    return F.scaled_dot_product_attention(q.to(wide), keys.to(wide), values.to(wide),
-                                          attn_mask=None if mask is None else mask.to(wide),
-                                          enable_gqa=self.gqa).to(q.dtype)
+def rows_float32(self, q, keys, values, mask):
+    """Row by row in float32 (tried in session 43): each row of a batch attends over its own columns only,
+    [start, T) under left padding, which puts its keys at the same places of the kernel's vector lanes as
+    its own unpadded cache: batch-invariant by construction. A prefill runs one query at a time, each
+    over the columns up to its own, exactly as a decode step would: a prefill-shaped call rounds its rows
+    differently than decode steps (teacher-forced scoring would then disagree with decoding). A pad
+    query's output is 0: no real column reads a pad column's keys."""
+    if mask is None and q.shape[2] == 1:
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=self.gqa)
+    B, _, S, _ = q.shape
+    starts = [0] * B if mask is None else (mask[:, 0, -1] == 0).to(torch.uint8).argmax(-1).tolist()
+    if S == 1:
+        return torch.cat([F.scaled_dot_product_attention(q[r:r + 1], keys[r:r + 1, :, s:], values[r:r + 1, :, s:],
+                                                         enable_gqa=self.gqa) for r, s in enumerate(starts)])
+    out, first = q.new_zeros(q.shape), keys.shape[2] - S  # the queries are columns [first, T)
+    for r, s in enumerate(starts):
+        for i in range(max(s - first, 0), S):
+            out[r:r + 1, :, i:i + 1] = F.scaled_dot_product_attention(
+                q[r:r + 1, :, i:i + 1], keys[r:r + 1, :, s:first + i + 1], values[r:r + 1, :, s:first + i + 1],
+                enable_gqa=self.gqa)
+    return out
 
 
 def batched_float32(self, q, keys, values, mask):
@@ -143,35 +158,56 @@ def batched_float32(self, q, keys, values, mask):
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.gqa)
 
 
+VARIANTS = {"one float64 call (the default)": None, "float32 row by row, a query at a time": rows_float32,
+            "one float32 call (not batch-invariant)": batched_float32}
+
+
+def use(dec, variant) -> None:
+    """Decoder._attend replaced by `variant` (None: the decoder's own)."""
+    dec.__dict__.pop("_attend", None)
+    if variant is not None:
+        dec._attend = types.MethodType(variant, dec)
+
+
 def attention(dec, batch: int) -> None:
-    variants = {"one float32 call a row (the default)": None, "one batched float64 call (session 42)": float64,
-                "one batched float32 call (not batch-invariant)": batched_float32}
     step = inputs(dec, batch)
     times = defaultdict(list)
     for _ in range(8):
-        for name, variant in variants.items():
-            if variant is None:
-                dec.__dict__.pop("_attend", None)
-            else:
-                dec._attend = types.MethodType(variant, dec)
+        for name, variant in VARIANTS.items():
+            use(dec, variant)
             times[name].append(median_ms(lambda: layers(dec, *step), runs=8))
-    dec.__dict__.pop("_attend", None)
+    use(dec, None)
     for name, found in times.items():
-        print(f"| batch {batch} | {name} | {statistics.median(found):.2f} ms |")
+        print(f"| batch {batch} | decode step, attention {name} | {statistics.median(found):.2f} ms |")
 
 
-def invariance(engine) -> None:
-    """The default (row-by-row attention): a batch of 18 prompts of many lengths against each alone."""
+def consistency(engine) -> None:
+    """Per variant: a batch of 18 prompts of many lengths against each prompt alone (32 greedy tokens), the
+    prefill's time at batch 1 and 16, and teacher-forced scoring against decoding: the full-depth argmax
+    of one forward pass over prompt + answer (Engine.hidden_states, as the page's scores run) against the
+    tokens decoding chose."""
     from skipdecode.evaluation.bench import E2E_TEST
     from skipdecode.evaluation.data import read_items, resolve
 
     prompts = [item.prompt for item in read_items(resolve(None, E2E_TEST))[:16]]
     prompts += ["Write a haiku about the sea.", "What is the capital of France?"]
-    batch = engine.generate(prompts, max_new_tokens=32, stop_at_eos=False).token_ids
-    same = sum(engine.generate([p], max_new_tokens=32, stop_at_eos=False).token_ids[0] == b
-               for p, b in zip(prompts, batch))
-    print(f"row-by-row float32 attention: {same} of {len(prompts)} prompts decode the same 32 tokens in a batch "
-          f"of {len(prompts)} as alone")
+    dec = engine.decoder
+    for name, variant in VARIANTS.items():
+        use(dec, variant)
+        batch = engine.generate(prompts, max_new_tokens=32, stop_at_eos=False).token_ids
+        alone = [engine.generate([p], max_new_tokens=32, stop_at_eos=False).token_ids[0] for p in prompts]
+        same = sum(a == b for a, b in zip(alone, batch))
+        agree = total = 0
+        for prompt, answer in zip(prompts, alone):
+            ids = engine.encode(prompt) + answer
+            h = engine.hidden_states(torch.tensor([ids]))[-1][0, len(ids) - len(answer) - 1:-1]
+            agree += int((dec.logits(h).argmax(-1) == torch.tensor(answer)).sum())
+            total += len(answer)
+        prefill = {b: statistics.median(engine.generate(prompts[:b], max_new_tokens=1).trace.prefill_ms
+                                        for _ in range(3)) for b in (1, 16)}
+        print(f"| {name} | {same} of {len(prompts)} | {100 * agree / total:.1f}% of {total} | "
+              f"{prefill[1]:.0f} / {prefill[16]:.0f} ms |")
+    use(dec, None)
 
 
 def compiled(dec) -> None:
@@ -192,7 +228,7 @@ def compiled(dec) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag in ("parts", "attention", "invariance", "compile"):
+    for flag in ("parts", "attention", "consistency", "compile"):
         parser.add_argument(f"--{flag}", action="store_true")
     args = parser.parse_args()
     engine = Engine.load(dtype="int4")
@@ -201,7 +237,7 @@ def main() -> None:
           f"load {os.getloadavg()[0]:.2f}; {engine.weights_label}")
     with torch.inference_mode():
         for batch in (1, 16):
-            if not (args.parts or args.attention or args.compile or args.invariance):
+            if not (args.parts or args.attention or args.compile or args.consistency):
                 products(dec, batch)
             if args.parts:
                 parts(dec, batch)
@@ -209,8 +245,10 @@ def main() -> None:
                 attention(dec, batch)
         if args.compile:
             compiled(dec)
-    if args.invariance:
-        invariance(engine)
+    if args.consistency:
+        print("| attention | batch of 18 = alone | teacher-forced = decoded | prefill, batch 1 / 16 |")
+        print("|---|---|---|---|")
+        consistency(engine)
     print(f"# load after {os.getloadavg()[0]:.2f}")
 
 

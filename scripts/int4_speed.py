@@ -79,9 +79,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", action="store_true")
     parser.add_argument("--compile", action="store_true", help="also time the int4 path under torch.compile")
-    parser.add_argument("--float32-attention", action="store_true", help="also time the int4 path with one "
-                                                                         "batched float32 attention call (not "
-                                                                         "batch-invariant; what row by row costs)")
+    parser.add_argument("--float32-attention", action="store_true", help="also time the int4 path with float32 "
+                                                                         "attention (what float64 costs)")
     args = parser.parse_args()
     items = read_items(resolve(None, E2E_TEST))
     engines = {"float32": Engine.load(dtype="float32"), "int4": Engine.load(dtype=q4.INT4)}
@@ -90,7 +89,7 @@ def main() -> None:
         engines["int4, compiled"].decoder.compile()
     if args.float32_attention:  # the same packed weights, attention in float32 (not batch-invariant): its cost
         engines["int4, float32 attention"] = Engine.load(dtype=q4.INT4)
-        engines["int4, float32 attention"].decoder.row_attention = False
+        engines["int4, float32 attention"].decoder.attention_dtype = None
     print(f"# {platform.processor() or 'cpu'}: torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load {os.getloadavg()[0]:.2f}")
     if args.kernels:

@@ -105,10 +105,13 @@ class Decoder:
         self.device, self.dtype = self.embed_tokens.device, self.embed_tokens.dtype
         self.pack = can_pack(self.device, self.dtype) if pack is None else pack
         self.weights = weights
-        # Attention row by row on the 4-bit path (`_attend`): one batched call would give a padded row's sums
-        # over keys other vector lanes than alone, so other roundings, and the next product's bfloat16 inputs
-        # turn a last-bit difference into a visible one.
-        self.row_attention = weights is not None
+        # Attention in float64 on the 4-bit path: padding moves a row's keys along the vector lanes, so the
+        # float32 sums over keys round differently in a batch than alone (and a prefill's rows differently
+        # than a decode step's), and the next product's bfloat16 inputs turn a last-bit difference into a
+        # visible one; float64 sums round back to the same float32. Row-by-row float32 attention was tried
+        # instead (docs/speed.md, "What is left after the products"): faster decoding at batch 1, slower
+        # prefills and batches.
+        self.attention_dtype = torch.float64 if weights is not None else None
         if weights is not None and self.family != "llama":
             raise ValueError("GGUF weights run the llama family only")
         with torch.no_grad():  # fused weights must not carry autograd history
@@ -248,31 +251,12 @@ class Decoder:
 
     def _attend(self, q, keys, values, mask):
         """Attention of q [B, H, S, hd] over keys and values [B, Hkv, T, hd] under the additive mask
-        [B, 1, S, T] (None: every column).
-
-        With `row_attention`, a batch runs one call a row over that row's real columns only, so that each
-        row computes exactly what it computes alone: under left padding its real columns are [start, T), and
-        a slice of them puts its keys at the same places of the kernel's vector lanes as its own unpadded
-        cache does (in a prefill, with the same causal block of the mask). A pad query's output is 0: no
-        real column ever reads a pad column's keys. On this CPU that costs a batch of 16 about 4% of a
-        full-depth step against one batched call, and spares batch 1 the float64 attention that made the
-        batched call invariant before (docs/speed.md)."""
-        q, mask = q.to(keys.dtype), None if mask is None else mask.to(keys.dtype)  # the cache's (cache_dtype)
-        if not self.row_attention or mask is None:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.gqa)
-        S = q.shape[2]
-        starts = (mask[:, 0, -1] == 0).to(torch.uint8).argmax(-1).tolist()  # each row's first real column
-        if S == 1:  # a decode step: all of the row's columns are allowed, as alone with no mask
-            return torch.cat([F.scaled_dot_product_attention(q[r:r + 1], keys[r:r + 1, :, s:], values[r:r + 1, :, s:],
-                                                             enable_gqa=self.gqa) for r, s in enumerate(starts)])
-        out = q.new_zeros(q.shape)
-        first = keys.shape[2] - S  # the queries are columns [first, T)
-        for r, s in enumerate(starts):
-            i = max(s - first, 0)
-            out[r:r + 1, :, i:] = F.scaled_dot_product_attention(
-                q[r:r + 1, :, i:], keys[r:r + 1, :, s:], values[r:r + 1, :, s:], attn_mask=mask[r:r + 1, :, i:, s:],
-                enable_gqa=self.gqa)
-        return out
+        [B, 1, S, T] (None: every column), in `attention_dtype` where one is set, else in the cache's dtype
+        (see cache_dtype); returned in that dtype."""
+        wide = self.attention_dtype or keys.dtype
+        attn = F.scaled_dot_product_attention(q.to(wide), keys.to(wide), values.to(wide),
+                                              attn_mask=None if mask is None else mask.to(wide), enable_gqa=self.gqa)
+        return attn.to(keys.dtype)
 
     def fill_kv(self, layer: int, x, rope, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
         """Only the keys and values of layer `layer` for x [B, S, d], written at columns [start, start + S).

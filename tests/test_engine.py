@@ -206,27 +206,3 @@ def test_bfloat16_on_cpu_keeps_keys_and_values_in_float32():
     for policy in (None, Schedule(4, 4, 2, warmup=1, horizon=5), EarlyExit(4, 0.5)):
         out = engine.generate(batch, policy, max_new_tokens=6, stop_at_eos=False)
         assert [len(ids) for ids in out.token_ids] == [6, 6]
-
-
-def test_row_attention_gives_each_row_what_it_computes_alone():
-    """Decoder._attend row by row (the 4-bit path's attention): in a left-padded batch each row's output
-    equals, bit for bit, what the row computes alone from contiguous copies of its own columns, in a
-    prefill and in a decode step; a pad query's output is 0."""
-    from skipdecode.transformer import Decoder
-
-    dec = Decoder(tiny_model("llama"))
-    dec.row_attention = True
-    lengths, H, Hkv, hd = [5, 9, 12], dec.num_heads, dec.num_kv_heads, dec.head_dim
-    T, device = max(lengths), dec.device
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(3, heads, T, hd, generator=g).to(device) for heads in (H, Hkv, Hkv))
-    valid = torch.tensor([[c >= T - n for c in range(T)] for n in lengths], device=device)
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    mask = dec.attention_bias((causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=device))[:, None]
-    prefill, step = dec._attend(q, k, v, mask), dec._attend(q[:, :, -1:], k, v, mask[:, :, -1:])
-    for r, n in enumerate(lengths):
-        own = [t[r:r + 1, :, T - n:].contiguous() for t in (q, k, v)]
-        own_mask = dec.attention_bias(causal[:n, :n][None])[:, None]
-        assert torch.equal(prefill[r:r + 1, :, T - n:], dec._attend(*own, own_mask))
-        assert not prefill[r, :, :T - n].any()
-        assert torch.equal(step[r:r + 1], dec._attend(own[0][:, :, -1:], own[1], own[2], None))

@@ -497,3 +497,13 @@ def test_name_shapes_split_names_copied_by_the_shape_of_the_name():
              {"mr": "name[The Pebble], food[Thai]", "3x": "The Pebble is Thai.", "1x": "the pebble."}]
     assert name_shapes.by_shape(lines) == {"3x": {"The N": (1, 100.0), "N and N": (2, 50.0)},
                                            "1x": {"The N": (1, 100.0), "N and N": (2, 100.0)}}
+
+
+def test_out_names_a_prefix_with_or_without_an_extension():
+    """`--out x/e2e.csv` writes x/e2e.csv, .json, -outputs.jsonl and -human.json, not x/e2e.csv-human.json."""
+    from argparse import Namespace
+
+    from skipdecode.evaluation.evaluate import output_prefix
+
+    for out in ("runs/e2e-int4", "runs/e2e-int4.csv", "runs/e2e-int4.json"):
+        assert output_prefix(Namespace(out=out)) == Path("runs/e2e-int4")

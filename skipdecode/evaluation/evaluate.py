@@ -345,9 +345,11 @@ def default_prefix(split: str = "test", data=None, limit: int | None = None, mad
 
 
 def output_prefix(args) -> Path:
-    """--out when given, else the default prefix, else <a fresh temporary folder>/<run_name>."""
+    """--out when given (a trailing .csv or .json dropped: the files add their own), else the default
+    prefix, else <a fresh temporary folder>/<run_name>."""
     if args.out:
-        return Path(args.out)
+        out = Path(args.out)
+        return out.with_suffix("") if out.suffix in (".csv", ".json") else out
     prefix = default_prefix(args.split, args.data, args.limit, args.made_up_names, args.validation_share, args.beams)
     if prefix is not None:
         return prefix
