@@ -308,18 +308,13 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
             if counted:
                 case.samples.append(sample)
             case.generation = generation
+            if hf and case.method == "full":
+                total, tokens = hf_generate(engine, ids[: case.batch_size], new_tokens)
+                first, _ = hf_generate(engine, ids[: case.batch_size], 1)
+                if counted:
+                    case.hf.append((total, first))
+                case.hf_tokens = tokens
     del probe
-    # transformers' generate in rounds of its own, after the others: interleaved with them, it slowed the
-    # rows timed after it (this engine's full depth 14.7 against 11.7-12.1 ms per token, llama.cpp's 9.7
-    # against 8.3-8.7, in runs of 2026-11-28: docs/speed.md)
-    for round_ in range(warmup_rounds + repeats if hf else 0):
-        say(f"transformers' generate, round {round_ + 1}/{warmup_rounds + repeats}")
-        for case in (c for c in cases if c.method == "full"):
-            total, tokens = hf_generate(engine, ids[: case.batch_size], new_tokens)
-            first, _ = hf_generate(engine, ids[: case.batch_size], 1)
-            if round_ >= warmup_rounds:
-                case.hf.append((total, first))
-            case.hf_tokens = tokens
     rows, _ = summarize(engine, items, cases, new_tokens, peer_measure, labels or {}, max(bandwidth))
     if llamacpp is not None:
         rows = with_llamacpp(rows, llamacpp_row(engine, timed[-1], cases, new_tokens, max(bandwidth)))
