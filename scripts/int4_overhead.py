@@ -1,6 +1,7 @@
 """Where a 4-bit decode step's time goes besides the products, and what was tried against it (issue 55).
 
-    PYTHONPATH=. python scripts/int4_overhead.py [--parts] [--attention] [--consistency] [--compile]
+    PYTHONPATH=. python scripts/int4_overhead.py [--parts] [--attention] [--consistency] [--others]
+                                                 [--compile]
 
 Every timing is one decode step of the 30 layers (no head unless named) on the bundled model's 4-bit path,
 at batch 1 and 16 with 100 cached columns (random hidden states and cache: the work, not the tokens,
@@ -12,7 +13,9 @@ the whole step.
                 float32 row by row, one float32 call
   --consistency per way of attending: batch against alone, teacher-forced scoring against decoding, and
                 the prefill's time
-  --compile     torch.compile of the whole 30-layer stack (two minutes or more to compile)
+  --others      the kernel against rows; products returning float32 (session 42); a float64 KV cache;
+                one thread
+  --compile     torch.compile of the 30-layer stack, then of each layer (minutes to compile)
 """
 
 from __future__ import annotations
@@ -210,25 +213,82 @@ def consistency(engine) -> None:
     use(dec, None)
 
 
+def in_turns(variants: dict, rounds: int = 8, runs: int = 10) -> None:
+    """Each variant (name: (set-up, step)) timed in turns; the median of its rounds' medians."""
+    times = defaultdict(list)
+    for _ in range(rounds):
+        for name, (set_up, step) in variants.items():
+            set_up()
+            times[name].append(median_ms(step, runs))
+    for name, found in times.items():
+        print(f"| {name} | {statistics.median(found):.2f} ms |")
+
+
+def others(dec) -> None:
+    """The smaller attempts: the kernel against rows, float32 outputs of the products (session 42), a
+    float64 KV cache, one thread."""
+    from skipdecode import q4
+
+    kernel, lin = torch.ops.aten._weight_int4pack_mm_for_cpu, dec.blocks[0].up
+    for rows in (1, 4, 16):
+        x = torch.randn(rows, lin.in_features).bfloat16()
+        print(f"| one {lin.out_features} x {lin.in_features} product (gate and up), {rows} rows | "
+              f"{median_ms(lambda: kernel(x, lin.packed, q4.GROUP, lin.scales_zeros), 200):.3f} ms |")
+    bfloat16_out = q4.Int4Linear.__call__
+
+    def float32_out(self, x):  # session 42's products: the kernel's bfloat16 converted back to float32
+        return bfloat16_out(self, x).to(x.dtype)
+
+    for batch in (1, 16):
+        step = inputs(dec, batch)
+        outputs = []
+        for call in (bfloat16_out, float32_out):
+            q4.Int4Linear.__call__ = call
+            cache = KVCache(dec.num_layers, batch, dec.num_kv_heads, T + 8, dec.head_dim, "cpu", dec.dtype)
+            cache.data.copy_(step[0].data)
+            outputs.append(dec.logits(layers(dec, cache, *step[1:])[:, -1]))
+        print(f"| batch {batch}: the head's logits after 30 layers, bfloat16 against float32 products' outputs | "
+              f"{'the same bits' if torch.equal(*outputs) else 'DIFFERENT'} |")
+        in_turns({f"batch {batch}, products return bfloat16 (the default)":
+                  (lambda: setattr(q4.Int4Linear, "__call__", bfloat16_out), lambda: layers(dec, *step)),
+                  f"batch {batch}, products return float32 (session 42)":
+                  (lambda: setattr(q4.Int4Linear, "__call__", float32_out), lambda: layers(dec, *step))})
+        q4.Int4Linear.__call__ = bfloat16_out
+        wide = KVCache(dec.num_layers, batch, dec.num_kv_heads, T + 8, dec.head_dim, "cpu", torch.float64)
+        wide.data.copy_(step[0].data)
+        in_turns({f"batch {batch}, float32 KV cache (the default)": (lambda: None, lambda: layers(dec, *step)),
+                  f"batch {batch}, float64 KV cache": (lambda: None, lambda: layers(dec, wide, *step[1:]))})
+    step = inputs(dec, 1)
+    threads = torch.get_num_threads()
+    in_turns({f"batch 1, {n} thread{'s' * (n > 1)}": (lambda n=n: torch.set_num_threads(n), lambda: layers(dec, *step))
+              for n in (threads, 1)})
+    torch.set_num_threads(threads)
+
+
 def compiled(dec) -> None:
+    """torch.compile of the 30-layer stack (dynamic shapes), and of one layer (`Decoder.compile`)."""
     def stack(x, rope, data, start: int):
         for layer in range(dec.num_layers):
             x = dec._layer(dec.blocks[layer], x, rope, None, data[layer, 0], data[layer, 1], start)
         return x
 
     cache, x, rope, _ = inputs(dec, 1)
-    eager = median_ms(lambda: stack(x, rope, cache.data, T))
-    fn = torch.compile(stack, dynamic=True)
-    started = time.perf_counter()
-    fn(x, rope, cache.data, T)
-    print(f"| batch 1 | the 30 layers, eager | {eager:.2f} ms |")
-    print(f"| batch 1 | the 30 layers, torch.compile (compiled in {time.perf_counter() - started:.0f} s) | "
-          f"{median_ms(lambda: fn(x, rope, cache.data, T)):.2f} ms |")
+    print(f"| batch 1 | the 30 layers, eager | {median_ms(lambda: stack(x, rope, cache.data, T)):.2f} ms |")
+    for name, fn in (("the 30-layer stack", torch.compile(stack, dynamic=True)),
+                     ("each layer (Decoder.compile)", None)):
+        if fn is None:
+            dec.compile()
+            fn = stack
+        started = time.perf_counter()
+        fn(x, rope, cache.data, T)
+        seconds = time.perf_counter() - started
+        print(f"| batch 1 | torch.compile of {name} (compiled in {seconds:.0f} s) | "
+              f"{median_ms(lambda: fn(x, rope, cache.data, T)):.2f} ms |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag in ("parts", "attention", "consistency", "compile"):
+    for flag in ("parts", "attention", "consistency", "others", "compile"):
         parser.add_argument(f"--{flag}", action="store_true")
     args = parser.parse_args()
     engine = Engine.load(dtype="int4")
@@ -237,12 +297,14 @@ def main() -> None:
           f"load {os.getloadavg()[0]:.2f}; {engine.weights_label}")
     with torch.inference_mode():
         for batch in (1, 16):
-            if not (args.parts or args.attention or args.compile or args.consistency):
+            if not (args.parts or args.attention or args.compile or args.consistency or args.others):
                 products(dec, batch)
             if args.parts:
                 parts(dec, batch)
             if args.attention:
                 attention(dec, batch)
+        if args.others:
+            others(dec)
         if args.compile:
             compiled(dec)
     if args.consistency:
