@@ -252,7 +252,7 @@ class Decoder:
     def _attend(self, q, keys, values, mask):
         """Attention of q [B, H, S, hd] over keys and values [B, Hkv, T, hd] under the additive mask
         [B, 1, S, T] (None: every column), in `attention_dtype` where one is set, else in the cache's dtype
-        (see cache_dtype); returned in that dtype."""
+        (see cache_dtype); returned in the cache's dtype."""
         wide = self.attention_dtype or keys.dtype
         attn = F.scaled_dot_product_attention(q.to(wide), keys.to(wide), values.to(wide),
                                               attn_mask=None if mask is None else mask.to(wide), enable_gqa=self.gqa)
