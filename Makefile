@@ -24,11 +24,12 @@ test: $(STAMP)  # the browser tests need Debian's chromium: installed here when 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
 
-# The README's screenshots (docs/images/*.png), taken by the browser test against a real `python app.py`.
+# The README's screenshots (docs/images/*.png), taken by the browser test against a real `python app.py`, on the
+# precision a visitor's CPU gets ("auto": the 4-bit default), not the tests' float32 (tests/conftest.py).
 .PHONY: screenshots
 screenshots: $(STAMP)
 	bash scripts/setup_browser.sh
-	SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py
+	SKIPDECODE_DTYPE=auto SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py
 
 # llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py): llama-cpp-python compiled from
 # source for this CPU, about 10 minutes on 2 cores; never part of `make install` or `make test`.
