@@ -266,7 +266,19 @@ def others(dec) -> None:
 
 
 def compiled(dec) -> None:
-    """torch.compile of the 30-layer stack (dynamic shapes), and of one layer (`Decoder.compile`)."""
+    """torch.compile of one product under max-autotune (does inductor bring its own int4 kernel?), of the
+    30-layer stack (dynamic shapes), and of one layer (`Decoder.compile`)."""
+    from skipdecode import q4
+
+    lin = dec.blocks[0].up
+    product = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, lin.packed, q4.GROUP, lin.scales_zeros)  # noqa: E731
+    tuned = torch.compile(product, mode="max-autotune-no-cudagraphs", dynamic=False)
+    for rows in (1, 16):
+        x = torch.randn(rows, lin.in_features).bfloat16()
+        same = torch.equal(tuned(x), product(x))
+        print(f"| one {lin.out_features} x {lin.in_features} product, {rows} rows: eager / max-autotune | "
+              f"{median_ms(lambda: product(x), 200):.3f} / {median_ms(lambda: tuned(x), 200):.3f} ms"
+              f"{' (the same bits)' if same else ' (other bits)'} |")
     def stack(x, rope, data, start: int):
         for layer in range(dec.num_layers):
             x = dec._layer(dec.blocks[layer], x, rope, None, data[layer, 0], data[layer, 1], start)
