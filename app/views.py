@@ -10,6 +10,7 @@ import html
 import numpy as np
 import pandas as pd
 
+from skipdecode.evaluation.quality import common_prefix
 from skipdecode.schedule import Schedule
 
 from . import plots
@@ -48,17 +49,12 @@ class TokenText:
             if text.endswith("\ufffd"):  # a character still missing bytes: wait for the token that ends it
                 tail.append(text)
                 continue
-            new = text[len(self._text):] if text.startswith(self._text) else text[_common(text, self._text):]
+            new = text[len(self._text):] if text.startswith(self._text) else text[common_prefix(text, self._text):]
             self._pieces += [""] * len(tail) + [new]
             self._text, tail = text, []
         if tail:  # the output so far ends inside a character: show what there is on the last token
-            return self._pieces + [""] * (len(tail) - 1) + [tail[-1][_common(tail[-1], self._text):]]
+            return self._pieces + [""] * (len(tail) - 1) + [tail[-1][common_prefix(tail[-1], self._text):]]
         return list(self._pieces)
-
-
-def _common(a: str, b: str) -> int:
-    """Length of the common prefix of two strings."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def token_pieces(tokenizer, token_ids: list[int]) -> list[str]:

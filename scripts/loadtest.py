@@ -101,6 +101,7 @@ def check(outcomes: list[Outcome], max_new_tokens: int) -> tuple[list[str], str]
     the GGUF's 4-bit blocks on a CPU, see skipdecode/q4.py). Returns the problems, each starting with
     "user U request K:", and which weights ran (Engine.weights_label)."""
     from skipdecode.engine import Engine
+    from skipdecode.evaluation.quality import common_prefix
     from skipdecode.schedule import Schedule
 
     engine = Engine.load()
@@ -117,7 +118,7 @@ def check(outcomes: list[Outcome], max_new_tokens: int) -> tuple[list[str], str]
         skip = engine.generate([o.prompt], Schedule(**r["schedule"]), max_new_tokens).token_ids[0]
         for name, ours, served in (("full", full, r["full"]["token_ids"]), ("skipdecode", skip, r["skipdecode"]["token_ids"])):
             if served != ours:
-                same = next((i for i, (a, b) in enumerate(zip(ours, served)) if a != b), min(len(ours), len(served)))
+                same = common_prefix(ours, served)
                 problems.append(f"user {o.user} request {o.index}: {name} tokens differ from the engine's own "
                                 f"from position {same} (batch of {r[name]['batch']['size']})")
         if r["quality"] is None:

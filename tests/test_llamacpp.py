@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from skipdecode.evaluation.llamacpp import INSTALL, METHOD, Unavailable, import_llama_cpp, same_prefix
+from skipdecode.evaluation.llamacpp import INSTALL, METHOD, Unavailable, import_llama_cpp
+from skipdecode.evaluation.quality import common_prefix
 
 BENCH = ("bench", "--speedups", "1,3", "--batch-sizes", "1", "--new-tokens", "8", "--repeats", "1", "--no-hf",
          "--no-peer", "--json", "--out", "")
@@ -26,9 +27,9 @@ def test_missing_llamacpp_is_one_line_naming_make_bench_peers(monkeypatch, cli):
     assert [r["method"] for r in rows] == ["full"] and "vs_llamacpp" not in rows[0]  # and the bench went on
 
 
-def test_same_prefix():
-    assert same_prefix([1, 2, 3], [1, 2, 4]) == 2 and same_prefix([1, 2], [1, 2, 3]) == 2
-    assert same_prefix([5], [1]) == 0
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([5], [1]) == 0
 
 
 def test_llamacpp_row_from_a_real_run(cli):

@@ -13,6 +13,7 @@ from gguf.quants import dequantize, quantize
 
 from conftest import PROMPTS
 from skipdecode import q4
+from skipdecode.evaluation.quality import common_prefix
 
 
 def random_q4_1(n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -159,7 +160,7 @@ def test_bundled_greedy_tokens_agree_with_float32(int4, engine):
     for prompt in PROMPTS:
         ours = int4.generate([prompt], max_new_tokens=24).token_ids[0]
         theirs = engine.generate([prompt], max_new_tokens=24).token_ids[0]
-        prefix = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        prefix = common_prefix(ours, theirs)
         assert prefix >= min(PREFIX_BOUND, len(ours), len(theirs)), (prompt, prefix)
 
 

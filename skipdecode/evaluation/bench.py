@@ -402,7 +402,8 @@ def llamacpp_row(engine, case, cases, new_tokens: int, bandwidth: float) -> dict
     and scales, the tied head in its own type; float16 keys and values); and how many of our full-depth
     batch-1 tokens its greedy tokens reproduce (its 4-bit products against our float32 copy of the same
     blocks: close, not equal)."""
-    from .llamacpp import CACHE_BYTES, gguf_bytes, same_prefix
+    from .llamacpp import CACHE_BYTES, gguf_bytes
+    from .quality import common_prefix
     from ..schedule import Schedule
 
     runner, L = case.policy, engine.num_layers
@@ -417,7 +418,7 @@ def llamacpp_row(engine, case, cases, new_tokens: int, bandwidth: float) -> dict
             "layers_per_token": float(L), "batch_layers_per_step": float(L),
             **timings(case.samples, 1, new_tokens, floor, bandwidth),
             "agreement": round(agreement([case.generation], [reference], engine.eos_ids), 4),
-            "same_prefix_tokens": same_prefix(case.generation, reference)}
+            "same_prefix_tokens": common_prefix(case.generation, reference)}
 
 
 def with_llamacpp(rows, cpp: dict) -> list[dict]:

@@ -104,7 +104,3 @@ def gguf_bytes(path: Path) -> dict:
             "head": int(head.n_bytes) + (int(norm.n_bytes) if norm is not None else 0),
             "types": sorted({t.tensor_type.name for t in tensors.values()})}
 
-
-def same_prefix(ids: list[int], reference: list[int]) -> int:
-    """How many leading tokens two generations share."""
-    return next((i for i, (a, b) in enumerate(zip(ids, reference)) if a != b), min(len(ids), len(reference)))

@@ -62,6 +62,11 @@ def text_scores(hypothesis: str, references: str | Sequence[str]) -> dict[str, f
             (("bleu", bleu), ("rouge_l", rouge_l), ("chrf", chrf))}
 
 
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    """How many leading items two sequences (token ids, strings) share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def token_agreement(tokens: Sequence[int], reference_tokens: Sequence[int]) -> dict[str, float | int]:
     """Position-by-position agreement of two generations from the same prompt.
 
@@ -70,8 +75,7 @@ def token_agreement(tokens: Sequence[int], reference_tokens: Sequence[int]) -> d
     a, b = list(tokens), list(reference_tokens)
     longest = max(len(a), len(b))
     same = sum(x == y for x, y in zip(a, b))
-    prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return {"agreement": round(same / longest, 4) if longest else 1.0, "prefix": prefix}
+    return {"agreement": round(same / longest, 4) if longest else 1.0, "prefix": common_prefix(a, b)}
 
 
 def _logits_model(model):
