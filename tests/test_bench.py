@@ -58,19 +58,20 @@ def test_peer_work_counts_the_copied_keys_and_values():
 
 def test_floor_is_the_bytes_a_step_reads_over_the_bandwidth():
     cost = CostModel(embedding=10, layer=1000, kv_only=100, head=500, attention_width=8, kv_width=4)
+    elements = cost.reads()  # one byte an element: the bytes count the elements
     # one row, 3 layers, context 5: 10 + 3 x 1000 + 500 weights and 3 layers x 2 x 4 x 5 cached elements
-    assert cost.step_reads(3, 5) == 10 + 3000 + 500 + 120
+    assert elements.step(3, 5) == 10 + 3000 + 500 + 120
     # four rows share the weights; each reads its embedding row and its own cache
-    assert cost.step_reads(3, 5, rows=4) == 40 + 3000 + 500 + 480
-    assert cost.step_reads(3, 5, kv_only=2, heads=3) == 10 + 3000 + 200 + 1500 + 120
+    assert elements.step(3, 5, rows=4) == 40 + 3000 + 500 + 480
+    assert elements.step(3, 5, kv_only=2, heads=3) == 10 + 3000 + 200 + 1500 + 120
     # prompt 4: contexts 5 and 6; 2-byte elements at 1e6 bytes/s
     full = schedule_steps(Schedule.full(3), 2)
-    want = (cost.step_reads(3, 5) + cost.step_reads(3, 6)) / 2 * 2 / 1e6 * 1000
-    assert cost.floor_ms(4, full, 2, 1e6) == pytest.approx(want)
-    assert cost.floor_ms(4, full, 4, 1e6) == pytest.approx(2 * want)  # float32 reads twice the bytes
+    want = (elements.step(3, 5) + elements.step(3, 6)) / 2 * 2 / 1e6 * 1000
+    assert cost.reads(2).floor_ms(4, full, 1e6) == pytest.approx(want)
+    assert cost.reads(4).floor_ms(4, full, 1e6) == pytest.approx(2 * want)  # float32 reads twice the bytes
     # a peer's batch runs its deepest row's layers and fills the keys and values above them
     peer = [[(1, 2, 1), (2, 1, 1)]]
-    assert cost.floor_ms(4, peer, 1, 1e3) == pytest.approx(cost.step_reads(2, 5, rows=2, kv_only=1) * 1000 / 1e3)
+    assert cost.reads(1).floor_ms(4, peer, 1e3) == pytest.approx(elements.step(2, 5, rows=2, kv_only=1) * 1000 / 1e3)
 
 
 def test_read_bandwidth_is_bytes_over_seconds():

@@ -94,15 +94,9 @@ class CostModel:
             method += sum(self.token(layers, context, kv, heads) for layers, kv, heads in tokens)
         return full / method
 
-    def step_reads(self, layers: int, context: int, rows: int = 1, kv_only: int = 0, heads: int = 1) -> int:
-        """Elements one decode step of `rows` rows reads (see `Reads.step`), one element per weight."""
-        return self.reads().step(layers, context, rows, kv_only, heads)
-
-    def floor_ms(self, prompt: int, per_step, element_bytes: int, bytes_per_s: float) -> float:
-        """The floor as if every weight and cached element took `element_bytes` (see `Reads.floor_ms`)."""
-        return self.reads(element_bytes).floor_ms(prompt, per_step, bytes_per_s)
-
     def reads(self, element_bytes: int = 1) -> "Reads":
+        """What a step reads if every weight and cached element took `element_bytes` (a dense decoder in
+        one dtype; `Reads.of` counts a decoder's real bytes)."""
         return Reads(*(n * element_bytes for n in (self.embedding, self.layer, self.kv_only, self.head,
                                                     2 * self.kv_width)))
 
