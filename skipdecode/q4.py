@@ -63,15 +63,6 @@ def q4_1_blocks(raw: np.ndarray) -> Q4Blocks:
     return Q4Blocks(codes.reshape(N, -1), d, m)
 
 
-def q8_0_values(raw: np.ndarray) -> torch.Tensor:
-    """A Q8_0 tensor's bytes [N, K / 32 * 34] (per block: d as float16, then 32 signed codes) as float32."""
-    N = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(N, -1, 34)
-    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16).astype(np.float32))
-    q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8).astype(np.float32))
-    return (q * d).reshape(N, -1)
-
-
 def quantize(weight: torch.Tensor) -> Q4Blocks:
     """A float matrix as 4-bit blocks (min/max per block of 32): the head's screening copy, and the tests'
     random matrices. Lossy; the file's own Q4_1 matrices never come through here."""
