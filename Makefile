@@ -3,7 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench-peers bench
+.PHONY: help demo test install clean bench-peers bench
+# A bare `make` lists the targets (the `## ` comment after each) and changes nothing.
+.DEFAULT_GOAL := help
+
+help:  ## this list: each target and what it does
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -12,30 +17,30 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-install: $(STAMP)
+install: $(STAMP)  ## the virtual environment .venv with the pinned requirements (once; again when they change)
 
-demo: $(STAMP)  # SkipDecode Studio at http://127.0.0.1:7860
+demo: $(STAMP)  ## SkipDecode Studio at http://127.0.0.1:7860
 	GRADIO_ANALYTICS_ENABLED=False $(PY) app.py --host 127.0.0.1 --port 7860
 
-test: $(STAMP)  # the browser tests need Debian's chromium: installed here when missing and possible
+test: $(STAMP)  ## every test; the browser tests' chromium installed here when missing and possible
 	bash scripts/setup_browser.sh
 	$(PY) -m pytest -q --durations=20
 
-clean:
+clean:  ## remove .venv, the pytest cache and test-artifacts/
 	rm -rf $(VENV) .pytest_cache test-artifacts
 
 # The README's screenshots (docs/images/*.png), taken by the browser test against a real `python app.py`, on the
 # precision a visitor's CPU gets ("auto": the 4-bit default), not the tests' float32 (tests/conftest.py).
 .PHONY: screenshots
-screenshots: $(STAMP)
+screenshots: $(STAMP)  ## the README's screenshots (docs/images/*.png), from the browser tests
 	bash scripts/setup_browser.sh
 	SKIPDECODE_DTYPE=auto SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py
 
 # llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py): llama-cpp-python compiled from
 # source for this CPU, about 10 minutes on 2 cores; never part of `make install` or `make test`.
-bench-peers: $(STAMP)
+bench-peers: $(STAMP)  ## llama-cpp-python built for this CPU (about 10 minutes), for the bench's llama.cpp row
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -r requirements-peers.txt
 
 # Full depth and SkipDecode 3x at batch 1 beside llama.cpp on the same GGUF (docs/speed.md, "llama.cpp in the bench").
-bench: $(STAMP)
+bench: $(STAMP)  ## full depth and SkipDecode 3x at batch 1 beside llama.cpp (docs/speed.md)
 	$(PY) -m skipdecode bench --speedups 1,3 --batch-sizes 1 --new-tokens 64 --repeats 3 --no-peer

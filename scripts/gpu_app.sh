@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Who: a maintainer, on a lent GPU machine after a change to the app or engine: the app served on CUDA.
 # The app itself on a lent GPU machine (issue 53) and the bench on the real weights (issue 55), no network:
 #   bash scripts/gpu_app.sh piece N      one call per piece but the last, carrying .gpu-app/N
 #   bash scripts/gpu_app.sh run          the last call, carrying the last piece: everything below

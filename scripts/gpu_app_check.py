@@ -1,3 +1,4 @@
+# Who: a host, against any running app (its API under concurrent users); a maintainer, through scripts/gpu_app.sh.
 """The served app checked over HTTP with gradio_client, as a user of its API would: run by scripts/gpu_app.sh
 against `python app.py` on a GPU (issue 53), and usable against any running app.
 

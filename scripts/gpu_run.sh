@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Who: a maintainer, on a lent GPU machine after a change to the engine: its tests and bench on CUDA.
 # The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
 #   bash scripts/gpu_run.sh [wheels|quick|tests|bench|capture|real|general [RUNS]|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
@@ -100,7 +101,7 @@ PY
 fi
 if [[ $what == general ]]; then
   # Issue 21's candidates (docs/research/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
-  # GPU's "auto"): one run a line of the file $2 (default scripts/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
+  # GPU's "auto"): one run a line of the file $2 (default experiments/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
   # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/, or come from an
   # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the general runs started above it. A line with
   # `--task e2e` (issue 24: the E2E split in .gpu/e2e) needs no targets: it starts at once, beside them. The
@@ -111,7 +112,7 @@ if [[ $what == general ]]; then
   # not finish. What comes back fits the device's 8 files of 16 MiB: logs.tgz (the logs, the targets) and
   # adapters as tars in at most 6 files (the final one, else the latest snapshot): E2E and second stages first.
   deadline=$((SECONDS + ${BUDGET:-480}))
-  runs=${2:-scripts/gpu_general_runs.txt}
+  runs=${2:-experiments/gpu_general_runs.txt}
   export SKIPDECODE_DTYPE=float32  # "auto" names the targets' cache file: the CPU's float32 one, not bfloat16
   mkdir -p /tmp/ck "$out/logs" && cp .gpu/targets-*.jsonl .gpu/teacher-outputs-*.jsonl /tmp/ck/ 2>/dev/null
   train() {  # NAME ARGS...: one run in the background, stopped by the deadline

@@ -1,3 +1,4 @@
+# Who: a host or maintainer, before serving many users and after a change to batching, models or memory.
 """Load and soak test of SkipDecode Studio: real users over HTTP (gradio_client), on this machine's loopback.
 
     python scripts/loadtest.py load    # 32 users x 3 requests at once: every answer checked, p50/p95, batch sizes

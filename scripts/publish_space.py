@@ -1,3 +1,4 @@
+# Who: a host, when publishing the Studio to a Hugging Face Space (a dry run first, then --repo).
 """Publish SkipDecode Studio to a Hugging Face Space: the files the app serves, and nothing else.
 
     python scripts/publish_space.py                          # dry run: every file, its size, the total
@@ -50,7 +51,8 @@ ALLOW = [
 DOCKER_ALLOW = ["Dockerfile", ".dockerignore"]  # only a Space with `sdk: docker` builds the image
 IGNORE = [
     "*/__pycache__/*", "*.pyc", "*.pyo", "*.partial-*", "*.swp", "*~", ".DS_Store", "*.log", ".env",
-    ".git/*", ".venv/*", "test-artifacts/*", "tests/*", "docs/results/*", "scripts/*", "checkpoints/*", ".gradio/*",
+    ".git/*", ".venv/*", "test-artifacts/*", "tests/*", "docs/results/*", "scripts/*", "experiments/*",
+    "checkpoints/*", ".gradio/*",
     "flagged/*", "*.egg-info/*", ".pytest_cache/*", ".hypothesis/*", "build/*", "dist/*",
 ]
 # Remote files under these folders that the upload does not send are deleted in the same commit, so an

@@ -1,3 +1,4 @@
+# Who: a maintainer, when a trained run replaces a served adapter in assets/adapters.
 """Put trained runs in the served set under the names the app and the CLI use.
 
     python scripts/serve_adapters.py checkpoints/runs/e2e-train-1x=e2e-1x checkpoints/runs/e2e-train-all=e2e-all \

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Who: a maintainer, through `make test` / `make screenshots` / .ci/run, before the browser tests.
 # Debian's chromium for the browser tests (tests/test_browser.py drives /usr/bin/chromium, never a
 # downloaded browser). `make test` and `.ci/run` run this first.
 #

@@ -134,17 +134,7 @@ class Engine:
         """Every position's hidden state after each layer (index 0: the embeddings) for unpadded rows ids
         [B, T], at full depth, on the weights this engine decodes with: what scoring needs (quality.py)
         when those are not the Hugging Face model's own (4-bit blocks, an unmerged adapter)."""
-        dec = self.decoder
-        ids = ids.to(dec.device)
-        B, T = ids.shape
-        positions = torch.arange(T, device=dec.device).expand(B, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=dec.device).tril().expand(B, T, T)
-        mask, rope = dec.attention_bias(causal)[:, None], dec.rope(positions, limit=T)
-        cache = KVCache(self.num_layers, B, dec.num_kv_heads, T, dec.head_dim, dec.device, dec.dtype)
-        states = [dec.embed(ids, positions)]
-        for layer in range(self.num_layers):
-            states.append(dec.block(layer, states[-1], rope, mask, *cache.claim(layer, 0, T), 0))
-        return states
+        return self.decoder.hidden_states(ids)
 
     # ---- prompts ------------------------------------------------------------------------------
     @property

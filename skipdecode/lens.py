@@ -20,7 +20,6 @@ from typing import Sequence
 
 import torch
 
-from .cache import cache_dtype
 from .transformer import Decoder
 
 TOP = 3  # alternatives kept per position and per layer: what a hover or a lens row shows
@@ -29,8 +28,9 @@ TOP = 3  # alternatives kept per position and per layer: what a hover or a lens 
 @torch.inference_mode()
 def forward(dec: Decoder, ids: Sequence[int], runs: Sequence[Sequence[int]] | None = None,
             watch: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, list[tuple[int, torch.Tensor]]]]:
-    """One causal pass over `ids` (one sequence). `runs[j]`: the layers column j runs (None: every column
-    runs every layer). Returns the last hidden state of every column [S, d], and for each column in
+    """One causal pass over `ids` (one sequence): the decoder's own (Decoder.hidden_states, which scoring
+    runs at full depth), told per layer how many leading columns run it. `runs[j]`: the layers column j
+    runs (None: every column runs every layer). Returns the last hidden state of every column [S, d], and for each column in
     `watch` its hidden state after each layer it ran, [(layer, h [d])] in order.
     ValueError when the columns that run a layer are not a prefix: decoding would have lacked their keys."""
     S, L = len(ids), dec.num_layers
@@ -39,29 +39,17 @@ def forward(dec: Decoder, ids: Sequence[int], runs: Sequence[Sequence[int]] | No
     runs = [range(L)] * S if runs is None else [set(r) for r in runs]
     if len(runs) != S:
         raise ValueError(f"runs has {len(runs)} columns for {S} tokens")
-    device = dec.device
-    positions = torch.arange(S, device=device)[None]
-    x, rope = dec.embed(torch.tensor([list(ids)], device=device), positions), dec.rope(positions, limit=S)
-    causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
-    mask = dec.attention_bias(causal[None])[:, None]  # [1, 1, S, S]
-    kv_dtype = cache_dtype(dec.dtype, device)
-    watched = {j: [] for j in watch}
+    prefix = []  # per layer, how many leading columns run it
     for layer in range(L):
         running = [layer in r for r in runs]
         k = running.index(False) if False in running else S
         if any(running[k:]):
             raise ValueError(f"column {k + running[k:].index(True)} runs layer {layer} but column {k} does not: "
                              "the columns that run a layer must be a prefix (budgets that never grow)")
-        if k == 0:
-            continue
-        keys = torch.empty(1, dec.num_kv_heads, k, dec.head_dim, dtype=kv_dtype, device=device)
-        values = torch.empty_like(keys)
-        part_rope = None if rope is None else (rope[0][:, :k], rope[1][:, :k])
-        x = torch.cat([dec.block(layer, x[:, :k], part_rope, mask[..., :k, :k], keys, values, 0), x[:, k:]], dim=1)
-        for j in watched:
-            if j < k:
-                watched[j].append((layer, x[0, j]))
-    return x[0], watched
+        prefix.append(k)
+    states = dec.hidden_states(torch.tensor([list(ids)]), prefix)
+    watched = {j: [(layer, states[layer + 1][0, j]) for layer in range(L) if j < prefix[layer]] for j in watch}
+    return states[-1][0], watched
 
 
 def _top(dec: Decoder, hidden: torch.Tensor, k: int = TOP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

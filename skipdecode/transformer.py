@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -225,6 +226,30 @@ class Decoder:
         (skipdecode/graphs.py): one column, written where the tensor says, and the cache's whole width
         attended under a mask that hides the columns after it, so that no shape depends on the position."""
         return self._layer(self.blocks[layer], x, rope, mask, keys, values, start)
+
+    def hidden_states(self, ids: torch.Tensor, ran: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """Every position's hidden state after each layer (index 0: the embeddings) for unpadded rows ids
+        [B, T], in one causal pass layer by layer. `ran[l]`: how many leading columns run layer l (None: all,
+        full depth); the columns past it keep their state through the layer. The one pass over given ids,
+        so that scoring (Engine.hidden_states: a batch at full depth) and the lens (skipdecode/lens.py: one
+        sequence under a schedule) read the same numbers decoding computes."""
+        ids = ids.to(self.device)
+        B, T = ids.shape
+        positions = torch.arange(T, device=self.device).expand(B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril().expand(B, T, T)
+        mask, rope = self.attention_bias(causal)[:, None], self.rope(positions, limit=T)
+        kv_dtype = cache_dtype(self.dtype, self.device)
+        states = [self.embed(ids, positions)]
+        for layer in range(self.num_layers):
+            x, k = states[-1], T if ran is None else ran[layer]
+            if k == 0:
+                states.append(x)
+                continue
+            keys = torch.empty(B, self.num_kv_heads, k, self.head_dim, dtype=kv_dtype, device=self.device)
+            part_rope = None if rope is None else (rope[0][:, :k], rope[1][:, :k])
+            out = self.block(layer, x[:, :k], part_rope, mask[..., :k, :k], keys, torch.empty_like(keys), 0)
+            states.append(out if k == T else torch.cat([out, x[:, k:]], dim=1))
+        return states
 
     def _layer(self, w: Block, x, rope, mask, keys, values, start):
         B, S, _ = x.shape

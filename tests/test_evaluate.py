@@ -420,8 +420,8 @@ def test_eval_refuses_a_validation_share_the_adapters_trained_on(tmp_path, cli, 
 
 
 def test_slot_misses_count_each_value_a_row_leaves_out():
-    """scripts/slot_misses.py: per row, which attributes' values the outputs miss, by eval's matcher."""
-    spec = importlib.util.spec_from_file_location("slot_misses", ROOT / "scripts" / "slot_misses.py")
+    """experiments/slot_misses.py: per row, which attributes' values the outputs miss, by eval's matcher."""
+    spec = importlib.util.spec_from_file_location("slot_misses", ROOT / "experiments" / "slot_misses.py")
     slot_misses = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(slot_misses)
     lines = [{"mr": "name[Aromi], eatType[pub], customer rating[low]", "full": "Aromi is a pub with a low rating.",
@@ -433,7 +433,7 @@ def test_slot_misses_count_each_value_a_row_leaves_out():
 
 
 def test_paired_bootstrap_tells_a_real_gain_from_a_tie(tmp_path):
-    spec = importlib.util.spec_from_file_location("significance", ROOT / "scripts" / "significance.py")
+    spec = importlib.util.spec_from_file_location("significance", ROOT / "experiments" / "significance.py")
     significance = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(significance)
     paired_bootstrap = significance.paired_bootstrap
@@ -455,7 +455,7 @@ def test_paired_bootstrap_tells_a_real_gain_from_a_tie(tmp_path):
 
 
 def test_rescore_adds_the_new_metrics_and_keeps_what_decoding_measured(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
     from rescore_e2e import rescore
 
     from skipdecode.evaluation.evaluate import load_items
@@ -485,8 +485,8 @@ def test_eval_parses_the_kind_of_made_up_names():
 
 
 def test_name_shapes_split_names_copied_by_the_shape_of_the_name():
-    """scripts/name_shapes.py: the share of names copied, per row and per shape of name."""
-    spec = importlib.util.spec_from_file_location("name_shapes", ROOT / "scripts" / "name_shapes.py")
+    """experiments/name_shapes.py: the share of names copied, per row and per shape of name."""
+    spec = importlib.util.spec_from_file_location("name_shapes", ROOT / "experiments" / "name_shapes.py")
     name_shapes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(name_shapes)
     assert [name_shapes.shape(n) for n in ("The Pebble", "Sleepy Walnut", "The Crooked Willow",

@@ -22,8 +22,8 @@ spec = importlib.util.spec_from_file_location("publish_space", ROOT / "scripts" 
 publish_space = sys.modules["publish_space"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
 spec.loader.exec_module(publish_space)
 
-NEVER_SENT = (".venv/", "tests/", "test-artifacts/", "docs/results/", "scripts/", "checkpoints/", ".git/", ".gradio/",
-              "__pycache__/", ".egg-info/", ".pytest_cache/")
+NEVER_SENT = (".venv/", "tests/", "test-artifacts/", "docs/results/", "scripts/", "experiments/", "checkpoints/",
+              ".git/", ".gradio/", "__pycache__/", ".egg-info/", ".pytest_cache/")
 FRONT_MATTER = "---\ntitle: t\nsdk: {sdk}\napp_file: app.py\n---\n# t\n"
 TREE = {  # a checkout with the kinds of files a working tree collects besides the served ones
     "README.md": FRONT_MATTER.format(sdk="gradio"), "app.py": "print()\n", "requirements.txt": "gradio\n",
@@ -33,7 +33,8 @@ TREE = {  # a checkout with the kinds of files a working tree collects besides t
     "assets/results/e2e.csv": "a\n1\n", "assets/results/bench.csv": "a\n1\n",
     "assets/results/e2e-validation.csv": "a\n1\n",  # an experiment's table: the app does not read it
     "tests/test_x.py": "", "test-artifacts/shot.png": b"\0png", ".venv/lib/site.py": "",
-    "docs/results/run.json": "{}", "scripts/loadtest.py": "", "checkpoints/run/state.bin": b"\0",
+    "docs/results/run.json": "{}", "scripts/loadtest.py": "", "experiments/step_time.py": "",
+    "checkpoints/run/state.bin": b"\0",
     "skipdecode.egg-info/PKG-INFO": "", ".git/HEAD": "ref: main\n", ".gradio/flagged/x.csv": "",
     "Dockerfile": "FROM python\n", ".dockerignore": ".git\n", "docs/app.md": "# app\n",
     "docs/images/compare.png": b"\x89PNG\0", "docs/results/e2e-validation.md": "# a validation run\n",
@@ -162,8 +163,8 @@ def docker_ignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_the_docker_context_holds_what_is_served():
-    """Every file the Space gets that the image serves is in the build context; tests, docs, scripts, the
-    virtual environment, caches and the results the app does not read are not."""
+    """Every file the Space gets that the image serves is in the build context; tests, docs, scripts, experiments,
+    the virtual environment, caches and the results the app does not read are not."""
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     served = [f.path for f in publish_space.space_files(ROOT, "gradio")

@@ -62,7 +62,7 @@ def slot_realized(key: str, value: str, text: str) -> bool:
 
 def slot_misses(items: list[Item], outputs: list[str]) -> tuple[Counter, int]:
     """(attribute -> outputs that miss its value, values in all): the slot error rate broken down by
-    attribute, which shows which facts a skipping model drops (scripts/slot_misses.py)."""
+    attribute, which shows which facts a skipping model drops (experiments/slot_misses.py)."""
     missed, total = Counter(), 0
     for item, text in zip(items, outputs):
         for key, value in parse_mr(item.mr).items():

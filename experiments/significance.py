@@ -2,8 +2,9 @@
 eval's outputs file, by sacrebleu's own significance test: a selection rule on 27 or 109 MRs and a test
 table on 630 can disagree by chance or for real, and this says which.
 
-    python scripts/significance.py assets/results/e2e-outputs.jsonl "SkipDecode 3x e2e-3x" "SkipDecode 3x e2e-3x-cur-skd"
-    python scripts/significance.py docs/results/e2e-validation-v20-outputs.jsonl \
+    python experiments/significance.py assets/results/e2e-outputs.jsonl \
+        "SkipDecode 3x e2e-3x" "SkipDecode 3x e2e-3x-cur-skd"
+    python experiments/significance.py docs/results/e2e-validation-v20-outputs.jsonl \
         "SkipDecode 3x e2e-3x-refs-v20" "SkipDecode 3x e2e-3x-skd-v20" --split validation --validation-share 0.2
 
 Pass the split, share and --made-up-names the eval that wrote the file was run with: the references are

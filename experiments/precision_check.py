@@ -1,7 +1,7 @@
 """What bfloat16 costs on general prompts: the base model's full-depth greedy answers in bfloat16 scored
 against its float32 answers (the reference), on the project's validation prompts.
 
-    python scripts/precision_check.py      # 64 held-out prompts, 96 new tokens
+    python experiments/precision_check.py      # 64 held-out prompts, 96 new tokens
 
 Prints ROUGE-L, BLEU, agreement and the median perplexity ratio (under the float32 model) of the bfloat16
 answers, and the float32 answers against themselves as the check (100 and 1.0).

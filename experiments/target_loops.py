@@ -1,6 +1,6 @@
 """How much the general-prompt training targets loop, and what `--cut-loops N` leaves of them.
 
-    python scripts/target_loops.py checkpoints/targets-SmolLM2-135M-Instruct-float32-160tokens.jsonl [--n 8]
+    python experiments/target_loops.py checkpoints/targets-SmolLM2-135M-Instruct-float32-160tokens.jsonl [--n 8]
 
 The targets are the full-depth base model's greedy answers, cached by `skipdecode train --task general`
 in --checkpoint-dir. For the training prompts among them (the held-out ones are left out) this prints the

@@ -1,6 +1,6 @@
 """Score an E2E eval's saved outputs again with today's `score()`, without decoding anything.
 
-    python scripts/rescore_e2e.py assets/results/e2e [--split test] [--made-up-names [words]]
+    python experiments/rescore_e2e.py assets/results/e2e [--split test] [--made-up-names [words]]
 
 Reads <prefix>-outputs.jsonl (what `skipdecode eval` wrote: the MR and each row's output) and rewrites
 the text-metric columns of <prefix>.csv and .json (BLEU, the challenge's uncased BLEU `bleu_e2e`,

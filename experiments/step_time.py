@@ -1,6 +1,6 @@
 """Where a full-depth decode step's time goes at batch 1, on the default model, against the floor.
 
-    python scripts/step_time.py [--out FILE]       # about a minute
+    python experiments/step_time.py [--out FILE]       # about a minute
 
 A float32 step on a CPU reads every weight once (the floor: weight bytes / a measured read bandwidth) and
 does some small work per layer. This times, on the real weights, each kind of matrix product (30 layers of

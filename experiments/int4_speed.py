@@ -1,6 +1,6 @@
 """The 4-bit GGUF path (skipdecode/q4.py) against the float32 path, in one process, on the bench's workload.
 
-    python scripts/int4_speed.py [--batch-sizes 1,16] [--speedups 1,2,3,5] [--repeats 3] [--kernels]
+    python experiments/int4_speed.py [--batch-sizes 1,16] [--speedups 1,2,3,5] [--repeats 3] [--kernels]
                                  [--float32-attention] [--compile]
 
 E2E test MRs, 64 new tokens a row (EOS does not stop a run), the bench's SkipDecode schedules. Engines are
@@ -24,7 +24,7 @@ from skipdecode.evaluation.bench import E2E_TEST
 from skipdecode.evaluation.data import read_items, resolve
 from skipdecode.engine import Engine
 from skipdecode.schedule import for_speedup
-from step_time import run_times  # scripts/, beside this one
+from step_time import run_times  # experiments/, beside this one
 
 
 def step_ms(engine, prompts, speedup, new_tokens) -> float:

@@ -1,6 +1,6 @@
 """Which MR slots each row of an E2E eval leaves out: the slot error rate broken down by attribute.
 
-    python scripts/slot_misses.py docs/results/e2e-dev-3x-A-outputs.jsonl [more outputs files]
+    python experiments/slot_misses.py docs/results/e2e-dev-3x-A-outputs.jsonl [more outputs files]
 
 Reads the `-outputs.jsonl` files `skipdecode eval` writes (one line per MR: the MR and each row's output)
 and counts, per row, the MR values its outputs miss, by the same matcher `eval` scores slot errors with.

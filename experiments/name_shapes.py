@@ -1,6 +1,6 @@
 """Names copied exactly, by the shape of the name: what an E2E eval with made-up names gets right, and where.
 
-    python scripts/name_shapes.py docs/results/e2e-dev-word-names-outputs.jsonl
+    python experiments/name_shapes.py docs/results/e2e-dev-word-names-outputs.jsonl
 
 Reads the `-outputs.jsonl` file `skipdecode eval` writes and, per row, the share of MRs whose restaurant
 name the output holds exactly (eval's `names_copied`), split by the name's shape: "The Pebble", "Sleepy

@@ -1,8 +1,8 @@
 """What the API's `divergence` costs a comparison: the wall time of whole comparisons (both decodings,
 scoring, the divergence pass) and of the divergence pass alone, through the Studio the app serves.
 
-    python scripts/divergence_cost.py                 # the shipped adapters ("auto"), 3x, 48 new tokens
-    python scripts/divergence_cost.py --runs 5 --speedup 2
+    python experiments/divergence_cost.py                 # the shipped adapters ("auto"), 3x, 48 new tokens
+    python experiments/divergence_cost.py --runs 5 --speedup 2
 
 Prints one line per comparison and the median share.
 """

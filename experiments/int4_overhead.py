@@ -1,6 +1,6 @@
 """Where a 4-bit decode step's time goes besides the products, and what was tried against it (issue 55).
 
-    PYTHONPATH=. python scripts/int4_overhead.py [--parts] [--attention] [--consistency] [--others]
+    PYTHONPATH=. python experiments/int4_overhead.py [--parts] [--attention] [--consistency] [--others]
                                                  [--compile]
 
 Every timing is one decode step of the 30 layers (no head unless named) on the bundled model's 4-bit path,
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from skipdecode.cache import KVCache
 from skipdecode.engine import Engine
-from step_time import run_times  # scripts/, beside this one
+from step_time import run_times  # experiments/, beside this one
 
 T = 100  # cached columns
 

@@ -1,8 +1,8 @@
 """What a loaded model costs the process: resident memory after the base engine and after each merged
 adapter of assets/adapters, freed memory handed back first (gc, malloc_trim) so each step shows what stays.
 
-    python scripts/model_memory.py        # the default model, float32
-    python scripts/model_memory.py int4   # its GGUF's 4-bit blocks: one packed base, every adapter unmerged
+    python experiments/model_memory.py        # the default model, float32
+    python experiments/model_memory.py int4   # its GGUF's 4-bit blocks: one packed base, every adapter unmerged
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The speedup a visitor reads on the page against the one the API reports, for the same request.
 
-    python scripts/page_speedup.py            # 5 of each, interleaved, on a fresh `python app.py`
+    python experiments/page_speedup.py            # 5 of each, interleaved, on a fresh `python app.py`
 
 Starts the app as `make demo` serves it (the real adapters, the page's defaults) on a free 127.0.0.1 port,
 then alternates: one request over the API (gradio_client), one run on the page in Debian's headless
