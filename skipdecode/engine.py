@@ -323,7 +323,7 @@ def _own_memory(model: torch.nn.Module) -> None:
     adapter or fusing matrices writes into or replaces them, and a private file mapping keeps every page
     once written. With this and the decoder's fused matrices sharing the model's memory, a merged
     SmolLM2-135M costs 1.04-1.06 GB instead of 1.31-1.32 (RSS, float32: the weights and their packed copy;
-    scripts/model_memory.py)."""
+    experiments/model_memory.py)."""
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
             if tensor.device.type == "cpu":
