@@ -103,8 +103,8 @@ def test_a_replayed_record_draws_the_same_page(record, comparison, tmp_path):
 
 
 def test_a_file_that_is_not_an_export_is_refused_with_a_reason(record, tmp_path):
-    for text, reason in (("not json", "not JSON"), ('{"format": "other"}', "its format is not"),
-                         (json.dumps({**record, "skipdecode": {}}), "incomplete or damaged")):
+    for text, reason in (("not json", "not valid JSON"), ('{"format": "other"}', "its format is not"),
+                         (json.dumps({**record, "skipdecode": {}}), "skipdecode.text is missing")):
         path = tmp_path / "bad.json"
         path.write_text(text)
         with pytest.raises(ValueError, match=reason):
