@@ -50,13 +50,16 @@ new MutationObserver(() => { const picked = element.querySelector('.sd-picked');
 """
 # The presentation view: arrow keys, Page Up/Down and the space bar move between slides while it shows; each
 # slide drawn scrolls the view to the top of the window (the page's header out of the way, the chart's axes in).
-KEYS_JS = ("new MutationObserver(() => { if (element.offsetParent) document.querySelector('#sd-previous-slide')"
-           "?.scrollIntoView({block: 'start'}); }).observe(element, {childList: true, subtree: true}); "
-           "document.addEventListener('keydown', (event) => { if (!element.offsetParent) return; "
-           "const tag = (event.target.tagName || '').toLowerCase(); if (tag === 'input' || tag === 'textarea') return; "
-           "const next = ['ArrowRight', 'PageDown', ' '].includes(event.key), "
-           "back = ['ArrowLeft', 'PageUp'].includes(event.key); "
-           "if (next || back) { event.preventDefault(); trigger('click', {step: next ? 1 : -1}); } });")
+KEYS_JS = """
+const top = () => { if (element.offsetParent) document.querySelector('#sd-previous-slide')?.scrollIntoView({block: 'start'}); };
+new MutationObserver(top).observe(element, {childList: true, subtree: true});
+document.addEventListener('keydown', (event) => {
+  if (!element.offsetParent) return;
+  const tag = (event.target.tagName || '').toLowerCase(); if (tag === 'input' || tag === 'textarea') return;
+  const next = ['ArrowRight', 'PageDown', ' '].includes(event.key), back = ['ArrowLeft', 'PageUp'].includes(event.key);
+  if (next || back) { event.preventDefault(); top(); trigger('click', {step: next ? 1 : -1}); }
+});
+"""
 
 SLIDE_HEIGHT = 460  # a slide's chart: below its title and the slide buttons it fits 1280x720 and 1440x900
 CSS = """
