@@ -244,8 +244,10 @@ def sentence(error: ValidationError) -> str:
         return f"This file is not an exported comparison: it is not valid JSON ({message.removeprefix('Invalid JSON: ')})."
     if first["type"] == "missing":
         return f"This exported comparison is damaged: {where} is missing."
+    if first["type"] == "string_pattern_mismatch":  # `exported`, the only field with a pattern
+        return f"This exported comparison is damaged: {where} is not a date such as 2026-01-31T12:00:00Z."
     if first["type"] == "model_type" and not where:
         return "This file is not an exported comparison: it holds no JSON object."
     if where == "format":
         return f"This file is not an exported comparison: its format is not {FORMAT}."
-    return f"This exported comparison is damaged: {where or 'the record'}: {message.rstrip('.')}."
+    return f"This exported comparison is damaged: {where + ': ' if where else ''}{message.rstrip('.')}."
