@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from app.teach import SLIDES
 from appserver import app_url, prestart
 from test_browser import ARGS, CHROMIUM, PROMPT, SERVER, SHOTS, screenshot
 
@@ -209,7 +210,7 @@ def test_every_slide_fits_a_projector(teach, width, height):
     try:
         teach.get_by_role("tab", name="Present").click()
         teach.locator("#sd-slide h2").wait_for(timeout=30_000)
-        for _ in teach_slides():
+        for _ in SLIDES:
             press(teach, "ArrowRight")
             top = teach.locator("#sd-slide h2").bounding_box()["y"]
             plot = teach.locator("#sd-slide-plot")
@@ -226,12 +227,6 @@ def test_every_slide_fits_a_projector(teach, width, height):
     finally:
         teach.get_by_role("tab", name="Compare").click()
         teach.set_viewport_size({"width": 1440, "height": 900})
-
-
-def teach_slides():
-    from app.teach import SLIDES
-
-    return SLIDES
 
 
 def focused(page) -> str:
