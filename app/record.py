@@ -139,6 +139,32 @@ class Quality(Strict):
     references: dict[Literal["skipdecode", "full"], Scores] | None
 
 
+class Speedups(Strict):
+    layers: float | None
+    weights: float | None
+    measured: float | None
+
+
+class Settings(Strict):
+    """The Compare tab's controls when it ran (app/studio.py's Settings)."""
+
+    speedup: float
+    max_new_tokens: int
+    manual_budgets: bool
+    max_budget: int
+    min_budget: int
+    warmup: int
+    horizon: int
+    decay: str
+    mode: str
+    sampling: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    beams: int
+
+
 class Hardware(Strict):
     device: str
     dtype: str
@@ -163,8 +189,12 @@ class Record(Strict):
     max_new_tokens: int = Field(ge=1)
     skipdecode: Side
     full: Side
+    speedup: Speedups
     quality: Quality | None
     references: list[str] | None
+    timing: str
+    settings: Settings | None
+    seed: int | None
     cost: tuple[float, float]
     divergence: Divergence
     divergence_ms: float = 0.0

@@ -62,6 +62,8 @@ def test_a_good_export_passes_unchanged(record, tmp_path):  # noqa: F811
     ("model", ..., "model is missing"),
     ("schedule.max_budget", 99, "schedule"),
     ("texts", {"<img>": "x"}, "texts"),
+    ("settings.seed", 1.5, "settings.seed"),
+    ("speedup.measured", "fast", "speedup.measured"),
 ])
 def test_a_damaged_field_is_refused_by_name(record, tmp_path, where, value, named):  # noqa: F811
     with pytest.raises(ValueError, match=r"^[^\n]*$") as refused:
