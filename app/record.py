@@ -15,7 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from skipdecode.schedule import Schedule
+from skipdecode.schedule import Schedule  # a dataclass: pydantic checks its fields, then its own __post_init__
+
+from .studio import Settings
 
 FORMAT = "skipdecode-studio-trace/1"
 MAX_BYTES = 20_000_000  # a replayed file larger than this is refused before it is read
@@ -36,21 +38,6 @@ class Sides(Strict):
     full: str
 
 
-class ScheduleRecord(Strict):
-    num_layers: int = Field(ge=1, le=MAX_LAYERS)
-    max_budget: int
-    min_budget: int
-    warmup: int
-    horizon: int
-    decay: str
-    mode: str
-
-    @model_validator(mode="after")
-    def _valid(self):
-        Schedule(**self.model_dump())  # its own checks: budgets within the layers, a known decay and mode
-        return self
-
-
 class Step(Strict):
     step: int = Count
     budget: int = Count
@@ -64,7 +51,7 @@ class Trace(Strict):
     num_layers: int = Field(ge=1, le=MAX_LAYERS)
     batch_size: int = Count
     prompt_tokens: int = Count
-    schedule: ScheduleRecord
+    schedule: Schedule
     prefill_ms: float = Count
     generated_tokens: int = Count
     cache_lengths: list[int]
@@ -145,26 +132,6 @@ class Speedups(Strict):
     measured: float | None
 
 
-class Settings(Strict):
-    """The Compare tab's controls when it ran (app/studio.py's Settings)."""
-
-    speedup: float
-    max_new_tokens: int
-    manual_budgets: bool
-    max_budget: int
-    min_budget: int
-    warmup: int
-    horizon: int
-    decay: str
-    mode: str
-    sampling: bool
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    beams: int
-
-
 class Hardware(Strict):
     device: str
     dtype: str
@@ -185,7 +152,7 @@ class Record(Strict):
     dtype: Sides
     num_layers: int = Field(ge=1, le=MAX_LAYERS)
     decoding: str
-    schedule: ScheduleRecord
+    schedule: Schedule
     max_new_tokens: int = Field(ge=1)
     skipdecode: Side
     full: Side
