@@ -69,7 +69,7 @@ CSS = """
 .sd-token.sd-picked { outline: 2px solid #f59e0b; }
 .sd-tip { display: none; position: fixed; left: 0; top: 0; z-index: 30; min-width: 15rem; padding: .45rem .6rem;
   background: #1e293b; color: #f8fafc; border-radius: .45rem; font-size: .8rem; line-height: 1.45; white-space: normal;
-  box-shadow: 0 4px 14px rgba(15, 23, 42, .25); }
+  box-shadow: 0 4px 14px rgba(15, 23, 42, .25); pointer-events: none; }  /* it never holds itself open over a control */
 .sd-token:hover > .sd-tip, .sd-token:focus > .sd-tip { display: block; }
 .sd-token:focus { outline: 2px solid #4f46e5; outline-offset: 1px; }
 .sd-tip b { color: #fcd34d; }
