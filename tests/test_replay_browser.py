@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 EVIL = ('<h1 class="evil">H</h1><a class="evil" href="javascript:alert(1)">a</a>'
         '<style class="evil">#sd-header { display: none }</style><img class="evil" src="http://198.51.100.7/i.png">'
         ' ![evil](http://198.51.100.7/m.png) [evil](javascript:alert(2)) **bold** <b class="evil">b</b>')
+SOON_S = 5.0
 SHOWN = ("#sd-status", "#sd-skip-output", "#sd-full-output", "#sd-part-note", "#sd-lens", "#sd-quality",
          "#sd-metrics", "#sd-replay-note")
 
@@ -91,7 +92,9 @@ def test_damaged_and_hostile_files_are_refused_in_one_sentence_and_change_nothin
         upload(page, path)
         note = page.locator("#sd-replay-note .sd-refused")
         note.filter(has_text=says).wait_for(timeout=10_000)
-        assert time.monotonic() - start < 2.0, path.name  # the 30 MB one included: refused by its size
+        # upload and answer, the 30 MB file included (refused by its size): 0.2-0.3 s each on a quiet 2-core
+        # machine, up to 2.1 s beside two busy processes; the bound is for "at once", not for a parse of 30 MB
+        assert time.monotonic() - start < SOON_S, path.name
         text = note.inner_text()
         assert text.count(". ") == 0 and text.endswith("."), text  # one sentence
         assert {selector: page.locator(selector).inner_text() for selector in before} == before, path.name
