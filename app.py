@@ -13,7 +13,7 @@ import logging
 import os
 
 from app import gpu  # first: on ZeroGPU it imports `spaces`, which must patch torch before CUDA is touched
-from app.layout import CONCURRENCY, CSS, build, theme
+from app.layout import CONCURRENCY, CSS, JS, build, theme
 from app.studio import Limits, Studio
 from skipdecode.batcher import DEFAULT_WINDOW_S, Batcher
 
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
         studio.warm_up()  # load the default model and run it once now, not at the first click
     demo = build(studio, concurrency=args.concurrency)
     demo.queue(max_size=args.queue_size)
-    demo.launch(server_name=args.host, server_port=args.port, theme=theme(), css=CSS, show_error=False,
+    demo.launch(server_name=args.host, server_port=args.port, theme=theme(), css=CSS, js=JS, show_error=False,
                 ssr_mode=False, footer_links=["api", "gradio"], max_threads=max(40, args.concurrency + 8))
 
 

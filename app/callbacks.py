@@ -112,6 +112,14 @@ class Callbacks:
                      f"to skip layers: its text degrades as the speedup grows, to word salad at 3×{has}")
         return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
 
+    def preview_unless_replayed(self, *values):
+        """`preview` for a prompt a person changed; a replay that put its prompt in the box keeps the budget
+        plot it drew (the last value: the prompt the replay put there)."""
+        *inputs, replayed = values
+        if replayed is not None and inputs[-1] == replayed:
+            return gr.skip(), gr.skip()
+        return self.preview(*inputs)
+
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
                 manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4):
         with user_errors():

@@ -52,7 +52,13 @@ CSS = """
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
 #sd-status { min-height: 2.4rem; font-size: .9rem; }
+#sd-lens-controls { position: sticky; top: 0; z-index: 25; background: var(--block-background-fill, #fff); }
 """ + teach.CSS
+# The charts' toolbars stay for the mouse and leave the Tab order: ten buttons a chart stood between Run and the
+# token slider (a keyboard or a presentation clicker walks the page with Tab).
+JS = """() => { const out = () => document.querySelectorAll('.modebar-btn:not([tabindex="-1"])')
+  .forEach((button) => button.setAttribute('tabindex', '-1'));
+  new MutationObserver(out).observe(document.body, {childList: true, subtree: true}); out(); }"""
 
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
 INTRO = ("Every token at one position of a batch gets the same **layer budget**; the budget never grows, and it is "
@@ -168,7 +174,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                 "beside full depth on the same prefix.")
                     divergence_plot = gr.Plot(plots.empty_figure("Agreement with full depth appears when you run"),
                                               show_label=False, elem_id="sd-divergence-plot")
-                    with gr.Row(equal_height=True):
+                    with gr.Row(equal_height=True, elem_id="sd-lens-controls"):  # sticky: beside the tables
                         position = gr.Slider(0, 1, value=0, step=1, label="Token of the SkipDecode answer",
                                              interactive=False, elem_id="sd-position", scale=3)
                         previous_layer = gr.Button("◀ layer", elem_id="sd-previous-layer", scale=0, min_width=90)
@@ -182,10 +188,13 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         export = gr.Button("Export: the trace as JSON, every figure as PNG", elem_id="sd-export",
                                            scale=1)
                         export_file = gr.File(label="Exported trace", visible=False, elem_id="sd-export-file", scale=1)
-                        replay_file = gr.File(label="Replay an exported trace (.json): no model runs", scale=1,
-                                              file_types=[".json"], elem_id="sd-replay-file")
+                        with gr.Column(scale=1):
+                            replay_file = gr.File(label="Replay an exported trace (.json): no model runs",
+                                                  file_types=[".json"], elem_id="sd-replay-file")
+                            replay_note = gr.HTML(elem_id="sd-replay-note")
                 last = gr.State(None)
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
+                replayed = gr.State(None)  # the prompt a replay put in the box (its change keeps the replayed plot)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
                 player = gr.Timer(PLAY_EVERY_S, active=False)
 
@@ -224,7 +233,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                 kv_plot = gr.Plot(show_label=False, elem_id="sd-kv-plot")
 
             # ---- Present ------------------------------------------------------------------------
-            with gr.Tab("Present", id="present") as present_tab:
+            with gr.Tab("Present", id="present", elem_id="sd-present-tab") as present_tab:
                 with gr.Row():
                     previous_slide = gr.Button("◀ previous", elem_id="sd-previous-slide", scale=0, min_width=120)
                     next_slide = gr.Button("next ▶", elem_id="sd-next-slide", scale=0, min_width=120)
@@ -263,9 +272,11 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         # ---- wiring ---------------------------------------------------------------------------------
         schedule_inputs = [model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode,
                            prompt]  # the prompt: "auto" picks by it, and may run another speedup
-        for control in schedule_inputs:
+        for control in schedule_inputs[:-1]:
             control.change(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private",
                            show_progress="hidden", queue=False)
+        prompt.change(cb.preview_unless_replayed, [*schedule_inputs, replayed], [budget_plot, schedule_note],
+                      api_visibility="private", show_progress="hidden", queue=False)
         demo.load(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private", queue=False)
         compare_inputs = [prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
                           manual, max_budget, min_budget, warmup, horizon, decay, mode, beams]
@@ -284,30 +295,34 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         pick_outputs = [record, skip_out, position, lens_view, lens_plot, shown_layers, player]
         skip_out.click(lesson.clicked, [record, last], pick_outputs, api_visibility="private",
                        concurrency_limit=concurrency, concurrency_id="decode")
-        position.release(lesson.pick, [position, record, last], pick_outputs, api_visibility="private",
-                         concurrency_limit=concurrency, concurrency_id="decode")
-        step_inputs = [record, position, shown_layers]
-        next_layer.click(lesson.next_layer, step_inputs, [lens_view, shown_layers], api_visibility="private",
-                         queue=False)
-        previous_layer.click(lesson.previous_layer, step_inputs, [lens_view, shown_layers], api_visibility="private",
-                             queue=False)
-        play.click(lesson.play, step_inputs, [lens_view, shown_layers, player], api_visibility="private", queue=False)
-        player.tick(lesson.tick, step_inputs, [lens_view, shown_layers, player], api_visibility="private", queue=False)
-        all_layers.click(lesson.show_all, [record, position], [lens_view, shown_layers, player],
-                         api_visibility="private", queue=False)
+        # input, not release: the arrow keys move the slider without a release, and each move picks
+        position.input(lesson.pick, [position, record, last], pick_outputs, api_visibility="private",
+                       concurrency_limit=concurrency, concurrency_id="decode", trigger_mode="always_last",
+                       show_progress="hidden")
+        step_inputs, step_outputs = [record, position, shown_layers], [lens_view, lens_plot, shown_layers, player]
+        for button, step in ((next_layer, lesson.next_layer), (previous_layer, lesson.previous_layer),
+                             (play, lesson.play)):
+            button.click(step, step_inputs, step_outputs, api_visibility="private", queue=False)
+        player.tick(lesson.tick, step_inputs, step_outputs, api_visibility="private", queue=False)
+        all_layers.click(lesson.show_all, [record, position], step_outputs, api_visibility="private", queue=False)
         export.click(None, None, None, js=teach.PNG_JS, api_visibility="private")
         export.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
                      concurrency_limit=concurrency, concurrency_id="decode")
         replay_file.upload(lesson.replay, [replay_file], [record, status, full_out, metrics, quality, budget_plot,
-                                                          layer_plot, latency_plot, *shown_outputs, last],
-                           api_visibility="private", queue=False)
+                                                          layer_plot, latency_plot, *shown_outputs, last,
+                                                          replay_note, prompt, replayed],
+                           api_visibility="private", queue=False, show_progress="hidden")  # a refusal changes the note only
+        replay_file.clear(lambda: "", None, replay_note, api_visibility="private", queue=False, show_progress="hidden")
         slide_outputs = [slide, slide_plot, slide_index]
         present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
+        # always_last: a press while the last slide is still drawing (its chart, on a loaded machine) moves on
+        # once it is drawn, where the default ("once") dropped it
         next_slide.click(lambda r, i: lesson.slide(r, i, 1), [record, slide_index], slide_outputs,
-                         api_visibility="private", queue=False)
+                         api_visibility="private", queue=False, trigger_mode="always_last")
         previous_slide.click(lambda r, i: lesson.slide(r, i, -1), [record, slide_index], slide_outputs,
-                             api_visibility="private", queue=False)
-        slide.click(lesson.keyed, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
+                             api_visibility="private", queue=False, trigger_mode="always_last")
+        slide.click(lesson.keyed, [record, slide_index], slide_outputs, api_visibility="private", queue=False,
+                    trigger_mode="always_last")
         kv_button.click(cb.kv_cache, [last], [kv_plot, kv_note], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")
         batch_run.click(cb.batch, [batch_prompts, model, batch_speedup, batch_tokens],

@@ -8,16 +8,17 @@ Export and replay move the record through a JSON file; the presentation view sho
 
 from __future__ import annotations
 
-import html
+import logging
 
 import gradio as gr
 
 from . import plots, replay, teach, views
-from .callbacks import settings_from, user_errors
+from .callbacks import for_the_user, settings_from, user_errors
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
 GPU_CALLBACKS = ("pick", "export")  # the handlers that run a model (app/gpu.py decorates them on ZeroGPU)
+log = logging.getLogger("skipdecode.app")
 
 
 class Lesson:
@@ -50,8 +51,8 @@ class Lesson:
     # ---- one position, layer by layer ---------------------------------------------------------
     def pick(self, position, record, comparison):
         """The layer view of `position`; the lens of every position is computed on the first pick."""
-        if record is None:
-            raise gr.Error("Run a comparison (or replay an exported one) first.")
+        if record is None:  # guidance, not an error: nothing to pick from yet
+            return (gr.skip(),) * 3 + (teach.guide("run"),) + (gr.skip(),) * 3
         with user_errors():
             position = int(position)
             if not 0 <= position < len(record["divergence"]["tokens"]):
@@ -73,49 +74,44 @@ class Lesson:
         return self.pick(position, record, comparison)
 
     @staticmethod
-    def _layers(record, position, shown):
-        """The step-through one layer further: `shown` layers from the bottom are revealed (None: all of
-        them; a step from there starts again at the bottom). Returns the view, `shown`, and whether a
-        playing step-through goes on."""
-        L = record["num_layers"]
-        shown = 1 if shown is None or shown >= L else shown + 1
-        return teach.lens_html(record, int(position), shown), shown, shown < L
+    def _step(record, position, shown, going=None):
+        """The layer view and its figure with `shown` layers revealed from the bottom (None: all), `shown`, and
+        the player's state; a layer button pressed before a pick gets guidance in the layer view instead."""
+        if not record or not record.get("lens"):
+            return teach.guide("pick" if record else "run"), gr.skip(), None, gr.Timer(active=False)
+        position = int(position)
+        return (teach.lens_html(record, position, shown), teach.lens_figure(record, position, shown), shown,
+                gr.Timer(active=going) if going is not None else gr.skip())
 
     def next_layer(self, record, position, shown):
-        if not record or not record.get("lens"):
-            raise gr.Error("Pick a token first: the step-through walks up its layers.")
-        return self._layers(record, position, shown)[:2]
+        """One layer further up (from the top, back to the bottom layer)."""
+        top = record["num_layers"] if record else 0
+        return self._step(record, position, 1 if shown is None or shown >= top else shown + 1)
 
     def previous_layer(self, record, position, shown):
-        if not record or not record.get("lens"):
-            raise gr.Error("Pick a token first: the step-through walks up its layers.")
-        shown = max(1, (record["num_layers"] if shown is None else shown) - 1)
-        return teach.lens_html(record, int(position), shown), shown
+        top = record["num_layers"] if record else 0
+        return self._step(record, position, max(1, (top if shown is None else shown) - 1))
 
     def play(self, record, position, shown):
         """Play from the bottom layer (or from where a paused step-through stands), one layer a tick."""
-        if not record or not record.get("lens"):
-            raise gr.Error("Pick a token first: the step-through plays its layers.")
-        start = 1 if shown is None or shown >= record["num_layers"] else shown
-        return teach.lens_html(record, int(position), start), start, gr.Timer(active=True)
+        top = record["num_layers"] if record else 0
+        return self._step(record, position, 1 if shown is None or shown >= top else shown, going=True)
 
     def tick(self, record, position, shown):
         if not record or not record.get("lens"):
-            return gr.skip(), shown, gr.Timer(active=False)
-        view, shown, going = self._layers(record, position, shown)
-        return view, shown, gr.Timer(active=going)
+            return gr.skip(), gr.skip(), shown, gr.Timer(active=False)
+        shown = 1 if shown is None or shown >= record["num_layers"] else shown + 1
+        return self._step(record, position, shown, going=shown < record["num_layers"])
 
-    @staticmethod
-    def show_all(record, position):
-        if not record or not record.get("lens"):
-            return gr.skip(), None, gr.Timer(active=False)
-        return teach.lens_html(record, int(position)), None, gr.Timer(active=False)
+    def show_all(self, record, position):
+        return self._step(record, position, None, going=False)
 
     # ---- export and replay --------------------------------------------------------------------
     def export(self, record, comparison):
         """The record as a JSON file, the logit lens of every position included (computed if not yet)."""
-        if record is None:
-            raise gr.Error("Run a comparison first: the export is its trace.")
+        if record is None:  # guidance, not an error
+            gr.Warning("Run a comparison first: the export is its trace.")
+            return gr.skip(), gr.skip()
         with user_errors():
             if not record.get("lens"):
                 if comparison is None:
@@ -126,19 +122,32 @@ class Lesson:
         return record, gr.File(str(path), visible=True)
 
     def replay(self, file):
-        """A page drawn from an exported file alone: no model runs."""
+        """A page drawn from an exported file alone: no model runs. A file that is not a good export changes
+        nothing on the page but the note beside the file box, which says in one sentence what is wrong."""
+        skip_all = (gr.skip(),) * 15  # what a replay draws (`_replayed`), then the note, the prompt, `replayed`
         if file is None:
-            raise gr.Error("Choose an exported comparison (.json) to replay.")
-        with user_errors():
+            return skip_all + ("", gr.skip(), gr.skip())
+        try:
             record = replay.read(getattr(file, "name", file))
             comparison = replay.comparison(record)
+            drawn = self._replayed(record, comparison)
+        except (ValueError, OSError) as error:  # the file's fault: say so, no traceback
+            return skip_all + (refused(for_the_user(error)), gr.skip(), gr.skip())
+        except Exception:  # a record the schema passed and the page could not draw: ours to fix
+            log.exception("a replayed record passed the schema but could not be drawn")
+            return skip_all + (refused("This exported comparison could not be drawn; the error has been logged."),
+                               gr.skip(), gr.skip())
+        return drawn + ("", record["prompt"], record["prompt"])
+
+    def _replayed(self, record, comparison):
         L = record["num_layers"]
         full = views.tokens_html(record["full"]["pieces"], record["full"]["layers"], L)
-        # The prompt and settings are shown, not put back into the controls: a control that changes redraws
-        # the schedule preview over the replayed budget plot.
-        status = (f"**Replayed** from an export made {record['exported']} on {record['hardware'].get('cpu')} "
-                  f"({record['hardware'].get('device')}, {record['hardware'].get('dtype')}); no model ran. "
-                  f"Prompt: “{html.escape(record['prompt'])}”. "
+        # The prompt goes back into its box (the preview is told to leave the replayed budget plot alone); the
+        # settings are shown, not put back into the controls: a control that changes redraws the preview.
+        hardware = record["hardware"]
+        status = (f"**Replayed** from an export made {views.safe(record['exported'])} on {views.safe(hardware['cpu'])} "
+                  f"({views.safe(hardware['device'])}, {views.safe(hardware['dtype'])}); no model ran. "
+                  f"Prompt: “{views.safe(record['prompt'])}”. "
                   + views.status_markdown(comparison, False).removeprefix("Done. "))
         budget, layer_map, latency = views.compare_figures(comparison)
         return ((record, status, full, views.metrics_html(comparison), views.quality_html(comparison), budget,
@@ -163,8 +172,13 @@ class Lesson:
             figure = (teach.lens_figure(record, teach.default_position(record)) if record.get("lens") else
                       plots.empty_figure("Pick a token on the Compare tab first: the layer view is computed then"))
         if figure is not None:
-            figure.update_layout(font=dict(size=18), height=560)
+            figure.update_layout(font=dict(size=18), height=teach.SLIDE_HEIGHT)
         return teach.slide_html(record, index), gr.Plot(figure, visible=figure is not None), index
 
     def keyed(self, record, index, evt: gr.EventData):
         return self.slide(record, index, int(getattr(evt, "step", 0) or 0))
+
+
+def refused(message: str) -> str:
+    """A replayed file's refusal, beside the file box (`message` is escaped already: for_the_user)."""
+    return f'<div class="sd-refused" role="alert">{message}</div>'

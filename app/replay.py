@@ -24,11 +24,10 @@ from skipdecode.lens import Divergence, Lens
 from skipdecode.schedule import Schedule
 from skipdecode.trace import StepRecord, Trace
 
+from .record import FORMAT, load
 from .studio import Comparison, Settings
 from .views import TokenText, token_layers
 
-FORMAT = "skipdecode-studio-trace/1"
-MAX_BYTES = 20_000_000  # a replayed file larger than this is refused before it is parsed
 
 
 def hardware(device: torch.device, dtype: str) -> dict:
@@ -116,19 +115,11 @@ def write(record: dict, folder: str | None = None) -> Path:
 
 
 def read(path: str | os.PathLike) -> dict:
-    """A record from an exported file; ValueError that says what is wrong with any other file."""
-    path = Path(path)
-    if path.stat().st_size > MAX_BYTES:
-        raise ValueError(f"this file is {path.stat().st_size:,} bytes; an exported comparison is far smaller")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"not an exported comparison (not JSON: {error})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"not an exported comparison: its format is not {FORMAT}")
+    """A record from an exported file, checked against its schema (app/record.py); ValueError with one
+    sentence saying what is wrong with any other file."""
+    data = load(path)
     try:
         comparison(data)
-    except (KeyError, TypeError, ValueError, AssertionError) as error:
-        raise ValueError(f"this exported comparison is incomplete or damaged "
-                         f"({type(error).__name__}: {error})") from None
+    except (KeyError, TypeError, ValueError) as error:  # the schema should have said; never a traceback
+        raise ValueError(f"This exported comparison is damaged ({type(error).__name__}: {error}).") from None
     return data

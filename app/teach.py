@@ -14,28 +14,64 @@ import html
 import plotly.graph_objects as go
 
 from . import plots
-from .views import _shade
+from .views import _shade, safe
 
 # Clicking a token of the SkipDecode answer picks its position for the layer view; the element itself
-# (gr.HTML's js_on_load) passes the position with the click.
-CLICK_JS = ("element.addEventListener('click', (event) => { const token = event.target.closest('[data-pos]'); "
-            "if (token) trigger('click', {position: Number(token.dataset.pos)}); });")
-# The presentation view: arrow keys, Page Up/Down and the space bar move between slides while it shows.
-KEYS_JS = ("document.addEventListener('keydown', (event) => { if (!element.offsetParent) return; "
-           "const tag = (event.target.tagName || '').toLowerCase(); if (tag === 'input' || tag === 'textarea') return; "
-           "const next = ['ArrowRight', 'PageDown', ' '].includes(event.key), "
-           "back = ['ArrowLeft', 'PageUp'].includes(event.key); "
-           "if (next || back) { event.preventDefault(); trigger('click', {step: next ? 1 : -1}); } });")
+# (gr.HTML's js_on_load) passes the position with the click. From the keyboard (a presentation clicker): the
+# answer is one Tab stop, the arrow keys move between its tokens, Enter or space picks one, and focus comes
+# back to the picked token when the answer is drawn again. A token's hover card opens above it (off the
+# summary below the answer), kept inside the window.
+CLICK_JS = """
+const pick = (token) => { element.dataset.refocus = '1'; trigger('click', {position: Number(token.dataset.pos)}); };
+element.addEventListener('click', (event) => { const token = event.target.closest('[data-pos]'); if (token) pick(token); });
+element.addEventListener('keydown', (event) => {
+  const token = event.target.closest('[data-pos]'); if (!token) return;
+  if (event.key === 'Enter' || event.key === ' ') { event.preventDefault(); pick(token); return; }
+  const step = {ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1}[event.key]; if (!step) return;
+  const tokens = [...element.querySelectorAll('[data-pos]')], next = tokens[tokens.indexOf(token) + step];
+  if (next) { event.preventDefault(); token.tabIndex = -1; next.tabIndex = 0; next.focus(); }
+});
+const place = (token, y) => {
+  const tip = token.querySelector(':scope > .sd-tip'); if (!tip) return;
+  const rects = [...token.getClientRects()], line = rects.find((r) => y >= r.top && y <= r.bottom) || rects[0];
+  if (!line) return;
+  const width = tip.offsetWidth, height = tip.offsetHeight, gap = 6;
+  let top = line.top - height - gap; if (top < gap) top = line.bottom + gap;
+  tip.style.left = Math.max(gap, Math.min(line.left, window.innerWidth - width - gap)) + 'px';
+  tip.style.top = Math.max(gap, Math.min(top, window.innerHeight - height - gap)) + 'px';
+};
+element.addEventListener('mouseover', (event) => { const token = event.target.closest('[data-pos]'); if (token) place(token, event.clientY); });
+element.addEventListener('focusin', (event) => { const token = event.target.closest('[data-pos]');
+  if (token) requestAnimationFrame(() => place(token, -1)); });
+new MutationObserver(() => { const picked = element.querySelector('.sd-picked');
+  if (element.dataset.refocus && picked) { delete element.dataset.refocus; picked.focus(); }
+  const focused = element.querySelector('[data-pos]:focus'); if (focused) requestAnimationFrame(() => place(focused, -1)); })
+  .observe(element, {childList: true, subtree: true});
+"""
+# The presentation view: arrow keys, Page Up/Down and the space bar move between slides while it shows; each
+# slide drawn scrolls the view to the top of the window (the page's header out of the way, the chart's axes in).
+KEYS_JS = """
+const top = () => { if (element.offsetParent) document.querySelector('#sd-previous-slide')?.scrollIntoView({block: 'start'}); };
+new MutationObserver(top).observe(element, {childList: true, subtree: true});
+document.addEventListener('keydown', (event) => {
+  if (!element.offsetParent) return;
+  const tag = (event.target.tagName || '').toLowerCase(); if (tag === 'input' || tag === 'textarea') return;
+  const next = ['ArrowRight', 'PageDown', ' '].includes(event.key), back = ['ArrowLeft', 'PageUp'].includes(event.key);
+  if (next || back) { event.preventDefault(); top(); trigger('click', {step: next ? 1 : -1}); }
+});
+"""
 
+SLIDE_HEIGHT = 460  # a slide's chart: below its title and the slide buttons it fits 1280x720 and 1440x900
 CSS = """
 .sd-marked { max-height: none !important; overflow: visible !important; }
 .sd-marked .sd-token { cursor: pointer; position: relative; }
 .sd-part { text-decoration: underline wavy #dc2626; text-decoration-thickness: 2px; text-underline-offset: 3px; }
 .sd-token.sd-picked { outline: 2px solid #f59e0b; }
-.sd-tip { display: none; position: absolute; left: 0; top: 1.7em; z-index: 30; min-width: 15rem; padding: .45rem .6rem;
+.sd-tip { display: none; position: fixed; left: 0; top: 0; z-index: 30; min-width: 15rem; padding: .45rem .6rem;
   background: #1e293b; color: #f8fafc; border-radius: .45rem; font-size: .8rem; line-height: 1.45; white-space: normal;
-  box-shadow: 0 4px 14px rgba(15, 23, 42, .25); }
-.sd-token:hover > .sd-tip { display: block; }
+  box-shadow: 0 4px 14px rgba(15, 23, 42, .25); pointer-events: none; }  /* it never holds itself open over a control */
+.sd-token:hover > .sd-tip, .sd-token:focus > .sd-tip { display: block; }
+.sd-token:focus { outline: 2px solid #4f46e5; outline-offset: 1px; }
 .sd-tip b { color: #fcd34d; }
 .sd-tip table { border-collapse: collapse; margin-top: .25rem; width: 100%; }
 .sd-tip td { padding: .05rem .3rem .05rem 0; border: none !important; background: transparent !important;
@@ -45,7 +81,7 @@ CSS = """
 .sd-lens table { width: 100%; border-collapse: collapse; font-size: .85rem; }
 .sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem;
   border-bottom: 1px solid #e2e8f0; }
-.sd-lens td { padding: .12rem .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; }
+.sd-lens td { padding: 0 .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; line-height: 1.25; }
 .sd-lens tr.sd-skipped td { color: #cbd5e1; }
 .sd-lens tr.sd-hidden { visibility: hidden; }
 .sd-lens tr.sd-hidden td { border-color: transparent !important; }
@@ -56,10 +92,14 @@ CSS = """
 .sd-bar { display: inline-block; height: .55rem; background: #a5b4fc; border-radius: .15rem; vertical-align: middle;
   margin-right: .25rem; }
 .sd-present { font-size: 1.6rem; line-height: 1.6; }
+#sd-present-tab { min-height: 100vh; }
 .sd-present h2 { font-size: 2.1rem; margin: .2rem 0 .6rem 0; }
 .sd-present .sd-slide-grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1.2rem; }
 .sd-present .sd-output { font-size: 1.5rem; max-height: none; line-height: 1.7; }
 .sd-present .sd-slide-note { font-size: 1.05rem; color: #475569; }
+.sd-guide { font-size: .95rem; color: #475569; padding: .6rem .75rem; border: 1px dashed #cbd5e1; border-radius: .6rem; }
+.sd-refused { font-size: .9rem; color: #9a3412; background: #fff7ed; border: 1px solid #fed7aa; border-radius: .5rem;
+  padding: .45rem .6rem; }
 """
 
 
@@ -67,7 +107,7 @@ CSS = """
 def shown(text: str) -> str:
     """A token's text in quotes, as a person can read it (a token of white space made visible), HTML escaped."""
     visible = text.strip() or text.replace("\n", "⏎").replace(" ", "␣") or "∅"
-    return "“" + html.escape(visible) + "”"
+    return "“" + safe(visible) + "”"  # it goes into Markdown too (the summary)
 
 
 def word(record: dict, token: int) -> str:
@@ -83,9 +123,11 @@ def _alternatives(record: dict, top: list) -> str:
 def marked_html(record: dict, picked: int | None = None) -> str:
     """The SkipDecode answer, each token shaded by the layers run to choose it (as while streaming), the
     tokens full depth would have chosen otherwise underlined; hovering one shows full depth's choice and
-    its alternatives. Every token is clickable: it picks the position for the layer view."""
+    its alternatives. Every token is clickable: it picks the position for the layer view. One token is a Tab
+    stop (the picked one, else the first): CLICK_JS moves between them with the arrow keys."""
     side, found = record["skipdecode"], record["divergence"]
     L = record["num_layers"]
+    focused = picked if picked is not None else 0
     spans = []
     for entry, top, piece, layers in zip(found["tokens"], found["top"], side["pieces"], side["layers"]):
         i, parted = entry["position"], entry["token"] != entry["full_token"]
@@ -97,13 +139,15 @@ def marked_html(record: dict, picked: int | None = None) -> str:
         else:
             tip = (f"token {i}: chosen after {layers} of {L} layers; full depth agrees "
                    f"({entry['full_prob']:.2f}){_alternatives(record, top)}")
-        spans.append(f'<span class="{classes}" data-pos="{i}" style="background:{_shade(layers, L)}">'
+        spans.append(f'<span class="{classes}" data-pos="{i}" tabindex="{0 if i == focused else -1}" role="button" '
+                     f'style="background:{_shade(layers, L)}">'
                      f'{html.escape(piece) or "&#8203;"}<span class="sd-tip">{tip}</span></span>')
     return f'<div class="sd-output sd-marked">{"".join(spans)}</div>'
 
 
-def summary_markdown(record: dict) -> str:
-    """How much of the SkipDecode answer full depth would have chosen, and where they first part."""
+def summary_markdown(record: dict, clickable: bool = True) -> str:
+    """How much of the SkipDecode answer full depth would have chosen, and where they first part (and, where
+    the tokens are `clickable`, how to see one layer by layer)."""
     found = record["divergence"]
     n = len(found["tokens"])
     if not n:
@@ -116,7 +160,9 @@ def summary_markdown(record: dict) -> str:
     first = found["tokens"][found["first"]]
     return (head + f" They first part at token {found['first']}: SkipDecode wrote {word(record, first['token'])}, "
             f"full depth would write {word(record, first['full_token'])} ({first['full_prob']:.2f}). Underlined: "
-            "where full depth would choose otherwise (hover for its choice; click any token to see it layer by layer).")
+            "where full depth would choose otherwise (hover for its choice"
+            + ("; click any token, or Tab to the answer and press Enter, to see it layer by layer)." if clickable
+               else ")."))
 
 
 def divergence_figure(record: dict) -> go.Figure:
@@ -179,37 +225,64 @@ def _lens_table(record: dict, view: dict, title: str, shown_layers: int | None, 
             f'</table><div class="sd-lens-note">{note}</div></div>')
 
 
+GUIDE = {None: "The layer view appears when you pick a token.",
+         "run": "Run a comparison (or replay an exported one) first, then pick a token of its SkipDecode answer: "
+                "◀ layer, layer ▶ and Play then walk up its layers.",
+         "pick": "Pick a token first (click it in the SkipDecode answer, or Tab to the answer, move with the arrow "
+                 "keys and press Enter): ◀ layer, layer ▶ and Play then walk up its layers."}
+
+
+def guide(why: str | None = None) -> str:
+    """The layer view before there is one: what to do first (controls used out of order get this, not an error)."""
+    return f'<div class="sd-note sd-guide">{GUIDE[why]}</div>'
+
+
+def stepping(record: dict, shown_layers: int | None) -> bool:
+    """Part way up the layers: nothing may name the final tokens yet (the class is guessing)."""
+    return shown_layers is not None and shown_layers < record["num_layers"]
+
+
 def lens_html(record: dict, position: int, shown_layers: int | None = None) -> str:
     """One position of the SkipDecode answer under the logit lens (final norm + LM head after each layer):
     SkipDecode's run (only the layers it ran) and full depth on the same prefix, side by side."""
     if not record.get("lens"):
-        return '<div class="sd-note">The layer view appears when you pick a token.</div>'
+        return guide()
     entry = record["divergence"]["tokens"][position]
     skip, full = record["lens"]["skipdecode"][position], record["lens"]["full"][position]
-    verdict = ("full depth would choose the same token" if entry["token"] == entry["full_token"] else
-               f"<b>full depth would choose {word(record, entry['full_token'])}</b> instead of "
-               f"{word(record, entry['token'])}")
     fed = ("the prompt's last token (the prefill chose it, every layer)" if position == 0 else
            f"token {position - 1} fed back")
-    head = (f'<div class="sd-part-summary">Token {position} ({word(record, entry["token"])}), chosen from {fed}: '
-            f"{verdict}. Bold: the token each side finally chose.</div>")
+    if stepping(record, shown_layers):
+        head = (f'<div class="sd-part-summary">Token {position}, chosen from {fed}: which token will each side '
+                "choose? The top layer tells.</div>")
+        finals = (None, None)
+    else:
+        verdict = ("full depth would choose the same token" if entry["token"] == entry["full_token"] else
+                   f"<b>full depth would choose {word(record, entry['full_token'])}</b> instead of "
+                   f"{word(record, entry['token'])}")
+        head = (f'<div class="sd-part-summary">Token {position} ({word(record, entry["token"])}), chosen from {fed}: '
+                f"{verdict}. Bold: the token each side finally chose.</div>")
+        finals = (entry["token"], entry["full_token"])
     return head + ('<div class="sd-lens">' + _lens_table(record, skip, "SkipDecode (its run layers)", shown_layers,
-                                                         entry["token"])
-                   + _lens_table(record, full, "Full depth, same prefix", shown_layers, entry["full_token"]) + "</div>")
+                                                         finals[0])
+                   + _lens_table(record, full, "Full depth, same prefix", shown_layers, finals[1]) + "</div>")
 
 
-def lens_figure(record: dict, position: int) -> go.Figure:
+def lens_figure(record: dict, position: int, shown_layers: int | None = None) -> go.Figure:
     """After each layer, the probability the logit lens gives the token each side finally chose: where the
-    choice settles, and what skipping the middle does to it."""
-    entry = record["divergence"]["tokens"][position]
+    choice settles, and what skipping the middle does to it. A layer SkipDecode skipped is a gap, not a zero;
+    while stepping, only the layers shown so far, and the legend does not name the tokens."""
+    entry, L = record["divergence"]["tokens"][position], record["num_layers"]
+    top = L if shown_layers is None else shown_layers
     fig = go.Figure()
     for name, color, token in (("skipdecode", plots.SKIP, entry["token"]), ("full", plots.FULL, entry["full_token"])):
         view = record["lens"][name][position]
+        after = dict(zip(view["layers"], view["final"]))
         label = "SkipDecode, its run layers" if name == "skipdecode" else "full depth, same prefix"
-        fig.add_scatter(x=view["layers"], y=view["final"], mode="lines+markers", name=f"{label}: {word(record, token)}",
-                        line=dict(color=color), connectgaps=False,
+        fig.add_scatter(x=list(range(L)), y=[after.get(layer) if layer < top else None for layer in range(L)],
+                        mode="lines+markers", line=dict(color=color), connectgaps=False,
+                        name=label if stepping(record, shown_layers) else f"{label}: {word(record, token)}",
                         hovertemplate="layer %{x}: %{y:.2f}<extra></extra>")
-    fig.update_layout(xaxis=dict(title="layer", range=[-0.5, record["num_layers"] - 0.5]),
+    fig.update_layout(xaxis=dict(title="layer", range=[-0.5, L - 0.5]),
                       yaxis=dict(title="probability (logit lens)", range=[0, 1.05]))
     return plots._style(fig, f"Token {position}: the probability of each side's final choice after each layer it ran",
                         height=320)
@@ -247,8 +320,8 @@ def slide_html(record: dict | None, index: int) -> str:
 
 
 def summary_text(record: dict) -> str:
-    """summary_markdown as HTML (bold only)."""
-    parts = summary_markdown(record).split("**")  # its words are escaped already (`word`)
+    """summary_markdown as HTML (bold only), for a slide: its tokens are not clickable there."""
+    parts = summary_markdown(record, clickable=False).split("**")  # its words are escaped already (`word`)
     return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 

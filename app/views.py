@@ -70,6 +70,17 @@ def token_layers(update, num_layers: int) -> list[int]:
 
 
 # ---- HTML ---------------------------------------------------------------------------------------
+# What gives a character meaning in HTML (tags, entities, attributes) or in Markdown (links, images,
+# emphasis, headings, lists, code, autolinks): written as a character reference, it shows as itself in both.
+_ACTIVE = {c: f"&#{ord(c)};" for c in "&<>\"'`*_[](){}#!|~\\:$+-.=^"}
+
+
+def safe(text) -> str:
+    """`text` (a prompt, a model's output, a field of a replayed file) as plain text in HTML and in Markdown
+    alike: nothing in it can open a tag, a link or an image."""
+    return "".join(_ACTIVE.get(c, c) for c in str(text))
+
+
 def _shade(layers: int, num_layers: int) -> str:
     """Darker = more layers: indigo at an opacity that grows with the share of layers run."""
     alpha = 0.05 + 0.45 * layers / max(num_layers, 1)
@@ -173,7 +184,7 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
              f"**batch #{full.batch.number}** ({_rows(full.batch.size)})." if full else "")
     plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
             f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}. "
-            f"Decoding: {comparison.decoding}.")
+            f"Decoding: {safe(comparison.decoding)}.")
     state = "Running…" if running else "Done."
     models = _models((comparison.model, comparison.full_model), comparison.why, comparison.dtypes)
     return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
@@ -181,10 +192,11 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
 
 def _models(labels: tuple[str, str], why: tuple[str, str], dtypes: tuple[str, ...] = ()) -> str:
     """Which model each side ran, and why "auto" picked it."""
-    extra = [f", {d}" for d in dtypes] or ["", ""]
+    extra = [f", {safe(d)}" for d in dtypes] or ["", ""]
+    labels = tuple(safe(label) for label in labels)  # a replayed file's model names are anyone's
     if why == ("chosen", "chosen"):
         return f"Model: **{labels[0]}** (chosen{extra[0]})."
-    why_skip, why_full = (html.escape(w) for w in why)  # "auto": which adapter each side ran, and why
+    why_skip, why_full = (safe(w) for w in why)  # "auto": which adapter each side ran, and why
     return (f"SkipDecode: **{labels[0]}** ({why_skip}{extra[0]}); full decoding: **{labels[1]}** "
             f"({why_full}{extra[1]}).")
 

@@ -79,8 +79,14 @@ def test_the_layer_view_shows_the_run_layers_and_steps_through_them(record, comp
     two = teach.lens_html(record, position, shown_layers=2)
     assert two.count('class="sd-hidden') == 2 * (L - 2) and two.count("sd-now") == 2
     assert "prediction depth" not in two and two.count(f"layers 0-1 of {L} shown") == 2  # no answer before the top
+    assert "sd-final" not in two and "would choose" not in two and "which token will each side choose" in two
     figure = teach.lens_figure(record, position)
-    assert [list(t.x) for t in figure.data] == [comparison.lenses[s][position].layers for s in ("skipdecode", "full")]
+    for trace, side in zip(figure.data, ("skipdecode", "full")):  # a skipped layer is a gap, not a zero
+        assert [x for x, y in zip(trace.x, trace.y) if y is not None] == comparison.lenses[side][position].layers
+        assert list(trace.x) == list(range(L)) and "“" in trace.name  # the token it finally chose
+    stepped = teach.lens_figure(record, position, shown_layers=2)
+    assert [t.name for t in stepped.data] == ["SkipDecode, its run layers", "full depth, same prefix"]
+    assert all(y is None for t in stepped.data for y in t.y[2:])
 
 
 def test_a_replayed_record_draws_the_same_page(record, comparison, tmp_path):
@@ -103,8 +109,8 @@ def test_a_replayed_record_draws_the_same_page(record, comparison, tmp_path):
 
 
 def test_a_file_that_is_not_an_export_is_refused_with_a_reason(record, tmp_path):
-    for text, reason in (("not json", "not JSON"), ('{"format": "other"}', "its format is not"),
-                         (json.dumps({**record, "skipdecode": {}}), "incomplete or damaged")):
+    for text, reason in (("not json", "not valid JSON"), ('{"format": "other"}', "its format is not"),
+                         (json.dumps({**record, "skipdecode": {}}), "skipdecode.text is missing")):
         path = tmp_path / "bad.json"
         path.write_text(text)
         with pytest.raises(ValueError, match=reason):
