@@ -7,9 +7,10 @@ as a tensor, the whole width under a mask) with the layer's weights as ARGUMENTS
 per batch size, cache width and LoRA pattern then serves every layer, so SkipDecode's layer subsets, every
 adapter on the shared base and every position replay the same few graphs without recompiling.
 
-The graph keeps the eager step's bits: norms go through `transformer.rms_norm` (inductor's own reduction
-sums in another order), attention stays in float64 (any summation order rounds back to the same float32),
-and the other fused operations are elementwise. A host without a C++ compiler, or where compiling fails,
+The graph keeps the eager step's bits: the norms go through `transformer.rms_norm`, an op inductor calls as
+it is (its own reduction sums in another order, and so does its fallback for `_fused_rms_norm`, which is
+traced into the same reduction: tried in session 44, the bundled model's tokens parted at 3x), attention
+stays ATen's float64 SDPA, and the operations fused around them are elementwise. A host without a C++ compiler, or where compiling fails,
 runs the eager static step and says why (`Compiled.label`).
 """
 
@@ -102,6 +103,8 @@ class Compiled:
         self.reason = why_not(dec, self.value)
         self.lock = threading.Lock()
         self.fn = None if self.reason else compiled_layer()
+        if self.fn is not None:
+            dec.register_packed()  # a dense decoder's oneDNN-packed products (SKIPDECODE_COMPILE=on)
 
     @property
     def label(self) -> str:

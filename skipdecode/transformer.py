@@ -288,10 +288,14 @@ class Decoder:
         """torch.compile the layer math: pointwise work fused, the packed products left as oneDNN calls.
         Compilation happens on the first calls of each shape family. Optional: on this 2-core CPU it does
         not pay (`skipdecode bench --compile` measures it)."""
+        self.register_packed()
+        self._layer = torch.compile(self._layer, dynamic=True, **options)
+
+    def register_packed(self) -> None:
+        """Make the packed weights findable by `packed_linear`, the op a compiled graph calls for them."""
         for linear in (lin for b in self.blocks for lin in (b.qkv, b.out, b.up, b.down)):
             if isinstance(linear, Linear) and linear.packed is not None:
                 _PACKED[linear.weight.data_ptr()] = linear.packed
-        self._layer = torch.compile(self._layer, dynamic=True, **options)
 
     @staticmethod
     def _rotate(t, rope):

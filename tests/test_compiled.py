@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from conftest import IdTokenizer, tiny_model
+from conftest import PROMPTS, IdTokenizer, tiny_model
 from skipdecode import compiled, q4
 from skipdecode.engine import Engine
-from skipdecode.schedule import Schedule
+from skipdecode.schedule import Schedule, for_speedup
 
 BATCH = [[1, 17, 43, 99, 5], [1, 250, 7], [1, 8, 9, 10, 11, 12, 13, 14]]  # left padding in every row but one
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,3 +132,16 @@ def test_a_second_process_reuses_the_compiled_graphs_on_disk(tmp_path):
                            check=True).stdout.split() for _ in range(2)]
     assert runs[0] == ["0", "1"] and runs[1] == ["1", "0"]  # compiled, then found
     assert (tmp_path / "inductor").is_dir()
+
+
+@pytest.mark.slow
+def test_bundled_compiled_step_decodes_what_the_eager_step_decodes():
+    """The default model on its 4-bit path: the tokens behind the published tables (eager step) come out of
+    the compiled step too, full depth and SkipDecode, in a padded batch and alone."""
+    engine = Engine.load(dtype=q4.INT4)
+    prompts = [*PROMPTS, "Write a haiku about the sea."]
+    for schedule in (None, for_speedup(3, engine.num_layers, horizon=32)):
+        want = decode(engine, "off", schedule, batch=prompts, tokens=32)
+        assert decode(engine, "auto", schedule, batch=prompts, tokens=32) == want
+        assert decode(engine, "auto", schedule, batch=prompts[-1:], tokens=32)[0] == want[-1]
+    assert engine.step_label == "compiled step"
