@@ -31,6 +31,9 @@ from .cache import KVCache, cache_dtype
 from .transformer import Decoder
 
 MIN_WIDTH = 256  # cache widths are rounded up to a power of two from here, so prompts share graphs
+# ... and from here on a CPU, where attention over the whole width costs in proportion to it (a graph per
+# width is compiled once and cached on disk: skipdecode/compiled.py)
+MIN_CPU_WIDTH = 64
 MAX_STEPS = 4  # static steps kept per engine (each holds a KV cache of its batch x width) ...
 MAX_CACHE_BYTES = 1 << 30  # ... and their caches together at most this (one step alone may be larger)
 
@@ -40,9 +43,9 @@ def cache_bytes(dec: Decoder, batch: int, width: int) -> int:
     return dec.num_layers * 2 * batch * dec.num_kv_heads * width * dec.head_dim * element
 
 
-def bucket(width: int, limit: int) -> int:
+def bucket(width: int, limit: int, minimum: int = MIN_WIDTH) -> int:
     """The static cache width for a generation of `width` columns."""
-    return min(max(MIN_WIDTH, 1 << (width - 1).bit_length()), max(limit, width))
+    return min(max(minimum, 1 << (width - 1).bit_length()), max(limit, width))
 
 
 class StaticStep:
@@ -160,7 +163,7 @@ class StaticSteps:
 
     def take(self, batch: int, width: int) -> StaticStep | None:
         """A step for this batch and generation width, or None when the limits leave no room for one."""
-        size = bucket(width, self.dec.max_positions)
+        size = bucket(width, self.dec.max_positions, MIN_WIDTH if self.capture else MIN_CPU_WIDTH)
         new = cache_bytes(self.dec, batch, size)
         with self.lock:
             for key, step in self.free.items():
