@@ -95,7 +95,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         gr.HTML('<div class="sd-badges">' + "".join(f'<span class="sd-badge">{text}</span>' for text in (
             public_name(engine.name), f"{L} layers", f"running on {engine.decoder.device.type.upper()}",
             f'<span title="{html.escape(precision_reason(engine.decoder.device))}">{html.escape(engine.weights_label)}'
-            "</span>",
+            "</span>", html.escape(engine.step_label),  # compiled step, or eager step and why
             "requests arriving together share one batch")) + "</div>")
         with gr.Tabs():
             # ---- Compare ------------------------------------------------------------------------

@@ -5,7 +5,8 @@ batch, one all-layer prefill, then one column of the batch at a time through the
 a static KV cache, with finished rows compacted away. A per-token method (`peers.EarlyExit`) plugs in as
 a column policy: an object with `num_layers`, `to_dict()` and `run(...)` like `Scheduled` below.
 On a GPU a schedule's columns run as CUDA graphs (skipdecode/graphs.py): the same loop, handed a static
-step in place of the decoder, which keeps finished rows instead of compacting them.
+step in place of the decoder, which keeps finished rows instead of compacting them. On a CPU the 4-bit path's
+static step runs each layer as one compiled graph (skipdecode/compiled.py; $SKIPDECODE_COMPILE).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Engine:
         # step runs uncaptured (skipdecode/graphs.py; how the tests check it). A host sets it for every engine.
         self.graphs = os.environ.get(GRAPHS_ENV, "auto")
         self._steps = None
+        self.compile = None  # "auto", "on" or "off"; None: $SKIPDECODE_COMPILE
+        self._compiled = None
 
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
@@ -128,6 +131,23 @@ class Engine:
     def weights_label(self) -> str:
         """Which weights and activations decode ("float32", or the GGUF blocks' description)."""
         return self.decoder.weights_label
+
+    @property
+    def compiled(self):
+        """The decoder's compiled layer (skipdecode/compiled.py), or why its CPU step stays eager."""
+        from .compiled import Compiled, setting
+
+        value = self.compile or setting()
+        if self._compiled is None or (self._compiled.dec, self._compiled.value) != (self.decoder, value):
+            self._compiled = Compiled(self.decoder, value)
+        return self._compiled
+
+    @property
+    def step_label(self) -> str:
+        """Which decode step runs, in words the bench header, the log and the page show."""
+        if self.graphs == "off":
+            return f"eager step: {GRAPHS_ENV}=off"
+        return "CUDA graphs" if self.decoder.device.type == "cuda" else self.compiled.label
 
     @torch.inference_mode()
     def hidden_states(self, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -200,16 +220,20 @@ class Engine:
                 self._steps.give(static)
 
     def _static_step(self, policy, batch: int, width: int):
-        """A graphed decode step for this generation (skipdecode/graphs.py), or None for the eager one."""
+        """A static decode step for this generation (skipdecode/graphs.py: CUDA graphs on a GPU; on a CPU
+        with compiled layers, skipdecode/compiled.py), or None for the eager one."""
         from .graphs import StaticSteps
 
         cuda = self.decoder.device.type == "cuda"
         if self.graphs not in ("auto", "on", "off"):
             raise ValueError(f"graphs must be 'auto', 'on' or 'off'; got {self.graphs!r}")
-        if self.graphs == "off" or (self.graphs == "auto" and not cuda) or not isinstance(policy, Scheduled):
+        if self.graphs == "off" or not isinstance(policy, Scheduled):
             return None
-        if self._steps is None or self._steps.dec is not self.decoder:
-            self._steps = StaticSteps(self.decoder, capture=cuda)
+        compiled = None if cuda else self.compiled
+        if self.graphs == "auto" and not cuda and compiled.fn is None:
+            return None
+        if self._steps is None or self._steps.dec is not self.decoder or self._steps.compiled is not compiled:
+            self._steps = StaticSteps(self.decoder, capture=cuda, compiled=compiled)
         return self._steps.take(batch, width)
 
     def _decode(self, prompts, encoded, policy, dec, cache, static, ids, valid, bias, width, max_new_tokens,

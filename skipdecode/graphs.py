@@ -16,7 +16,8 @@ batch keeps its size to the end: finished rows are not compacted away, which on 
 nothing. Per-token policies (peers.EarlyExit) decide per row and run eagerly.
 
 On a CPU the same static step runs without capture (`capture=False`): that is how the tests check, on any
-machine, that the graphed step's math decodes exactly what the eager step decodes.
+machine, that the graphed step's math decodes exactly what the eager step decodes. There a layer may run
+as a compiled graph instead (skipdecode/compiled.py, `compiled`): the same buffers, one graph for every layer.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from .cache import KVCache, cache_dtype
 from .transformer import Decoder
 
 MIN_WIDTH = 256  # cache widths are rounded up to a power of two from here, so prompts share graphs
+# ... and from here on a CPU, where attention over the whole width costs in proportion to it (a graph per
+# width is compiled once and cached on disk: skipdecode/compiled.py)
+MIN_CPU_WIDTH = 64
 MAX_STEPS = 4  # static steps kept per engine (each holds a KV cache of its batch x width) ...
 MAX_CACHE_BYTES = 1 << 30  # ... and their caches together at most this (one step alone may be larger)
 
@@ -39,16 +43,16 @@ def cache_bytes(dec: Decoder, batch: int, width: int) -> int:
     return dec.num_layers * 2 * batch * dec.num_kv_heads * width * dec.head_dim * element
 
 
-def bucket(width: int, limit: int) -> int:
+def bucket(width: int, limit: int, minimum: int = MIN_WIDTH) -> int:
     """The static cache width for a generation of `width` columns."""
-    return min(max(MIN_WIDTH, 1 << (width - 1).bit_length()), max(limit, width))
+    return min(max(minimum, 1 << (width - 1).bit_length()), max(limit, width))
 
 
 class StaticStep:
     """Buffers, cache and graphs of the decode step for one batch size and cache width."""
 
-    def __init__(self, dec: Decoder, batch: int, width: int, capture: bool):
-        self.dec, self.batch, self.width = dec, batch, width
+    def __init__(self, dec: Decoder, batch: int, width: int, capture: bool, compiled=None):
+        self.dec, self.batch, self.width, self.compiled = dec, batch, width, compiled
         device, L = dec.device, dec.num_layers
         self.cache = KVCache(L, batch, dec.num_kv_heads, width, dec.head_dim, device, dec.dtype)
         self.cache.data.zero_()  # masked columns weigh 0, and 0 x NaN from uninitialized memory is NaN
@@ -78,6 +82,9 @@ class StaticStep:
 
     def _layer(self, layer: int):
         keys, values = self.cache.data[layer, 0], self.cache.data[layer, 1]
+        if self.compiled is not None and self.compiled.layer(layer, self.x, self.rope, self.mask, keys, values,
+                                                             self.column):
+            return
         self.x.copy_(self.dec.block(layer, self.x, self.rope, self.mask, keys, values, self.column))
 
     def _head(self):
@@ -148,15 +155,15 @@ class StaticSteps:
     thread: two at once get two steps). At most MAX_STEPS are kept, their caches within MAX_CACHE_BYTES:
     the least recently used free ones go first; a generation that would exceed either decodes eagerly."""
 
-    def __init__(self, dec: Decoder, capture: bool):
-        self.dec, self.capture = dec, capture
+    def __init__(self, dec: Decoder, capture: bool, compiled=None):
+        self.dec, self.capture, self.compiled = dec, capture, compiled
         self.free: OrderedDict[int, StaticStep] = OrderedDict()
         self.lent: dict[int, int] = {}  # id -> cache bytes of the steps out on loan
         self.lock = threading.Lock()
 
     def take(self, batch: int, width: int) -> StaticStep | None:
         """A step for this batch and generation width, or None when the limits leave no room for one."""
-        size = bucket(width, self.dec.max_positions)
+        size = bucket(width, self.dec.max_positions, MIN_WIDTH if self.capture else MIN_CPU_WIDTH)
         new = cache_bytes(self.dec, batch, size)
         with self.lock:
             for key, step in self.free.items():
@@ -177,7 +184,7 @@ class StaticSteps:
             token = object()  # holds the loan's place until the step exists
             self.lent[id(token)] = new
         try:
-            step = StaticStep(self.dec, batch, size, self.capture)
+            step = StaticStep(self.dec, batch, size, self.capture, self.compiled)
         except BaseException:
             with self.lock:
                 del self.lent[id(token)]

@@ -72,6 +72,18 @@ def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@torch.library.custom_op("skipdecode::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.rms_norm as an op torch.compile calls as it is: inductor's generated reduction sums in another
+    order, and a last-bit difference would part the compiled step's tokens from the eager step's."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packs float32 on any x86 CPU, bfloat16 only where it has the instructions for it (AVX-512
     BW/VL/DQ or AVX-NE-CONVERT): elsewhere, an AMD EPYC without AVX-512 for one, bfloat16 runs F.linear."""
@@ -189,6 +201,8 @@ class Decoder:
     def _norm(self, x, weight_bias):
         weight, bias = weight_bias
         if self.norm == "rms":
+            if torch.compiler.is_compiling():  # inductor's own reduction rounds differently: keep eager's bits
+                return rms_norm(x, weight, self.eps)
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
@@ -299,10 +313,14 @@ class Decoder:
         """torch.compile the layer math: pointwise work fused, the packed products left as oneDNN calls.
         Compilation happens on the first calls of each shape family. Optional: on this 2-core CPU it does
         not pay (`skipdecode bench --compile` measures it)."""
+        self.register_packed()
+        self._layer = torch.compile(self._layer, dynamic=True, **options)
+
+    def register_packed(self) -> None:
+        """Make the packed weights findable by `packed_linear`, the op a compiled graph calls for them."""
         for linear in (lin for b in self.blocks for lin in (b.qkv, b.out, b.up, b.down)):
             if isinstance(linear, Linear) and linear.packed is not None:
                 _PACKED[linear.weight.data_ptr()] = linear.packed
-        self._layer = torch.compile(self._layer, dynamic=True, **options)
 
     @staticmethod
     def _rotate(t, rope):

@@ -10,7 +10,7 @@ import torch
 from conftest import IdTokenizer, tiny_model
 from skipdecode.engine import GRAPHS_ENV, Engine
 from skipdecode import graphs
-from skipdecode.graphs import MAX_STEPS, MIN_WIDTH, bucket, cache_bytes
+from skipdecode.graphs import MAX_STEPS, MIN_CPU_WIDTH, MIN_WIDTH, bucket, cache_bytes
 from skipdecode.evaluation.peers import EarlyExit
 from skipdecode.schedule import Schedule
 
@@ -59,7 +59,7 @@ def test_steps_are_lent_one_generation_at_a_time_and_bounded():
 def test_kept_caches_stay_within_their_byte_budget(monkeypatch):
     engine = Engine(tiny_model("llama"), IdTokenizer())
     engine.graphs = "on"
-    one = cache_bytes(engine.decoder, 1, MIN_WIDTH)
+    one = cache_bytes(engine.decoder, 1, MIN_WIDTH if engine.decoder.device.type == "cuda" else MIN_CPU_WIDTH)
     monkeypatch.setattr(graphs, "MAX_CACHE_BYTES", 3 * one)
     engine.generate(BATCH[:1], max_new_tokens=4)
     engine.generate(BATCH[:2], max_new_tokens=4)  # batch 2 (2 units) joins batch 1 (1 unit): 3, at the budget
@@ -79,6 +79,7 @@ def test_widths_are_bucketed():
     assert bucket(10, 2048) == MIN_WIDTH
     assert bucket(MIN_WIDTH + 1, 2048) == 2 * MIN_WIDTH
     assert bucket(1500, 2048) == 2048 and bucket(2000, 2000) == 2000
+    assert bucket(10, 2048, MIN_CPU_WIDTH) == MIN_CPU_WIDTH and bucket(100, 2048, MIN_CPU_WIDTH) == 128
 
 
 def test_graphs_setting_is_checked(monkeypatch):

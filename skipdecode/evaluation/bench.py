@@ -25,6 +25,10 @@ The llama.cpp row (llamacpp.py) runs llama-cpp-python on the very GGUF file the 
 from, batch 1, greedy, the same prompt ids and threads, in the same rounds; our batch-1 rows get
 vs_llamacpp = their tokens/s / its tokens/s. Its floor counts the GGUF's stored bytes.
 
+`--step eager,compiled` times every case with each decode step in turns, in the same rounds (the eager step,
+and the static step with compiled layers: skipdecode/compiled.py), so that the compiled step's gain is a
+ratio inside one run; each row names its step, and the goals are checked per step.
+
 Every run generates exactly `new_tokens` tokens per row (EOS does not stop it), so all rows of a run are
 comparable. Rounds go round-robin over the cases, so slow drift in machine load hits every case alike;
 the first round is a warm-up and is not counted.
@@ -195,10 +199,24 @@ class Case:
     speedup: float
     batch_size: int
     policy: object  # a Schedule or a peers.EarlyExit
+    step: str = "default"  # the decode step (STEPS): the engine's own, or eager or compiled
+    label: str = ""  # the step as it ran (Engine.step_label: a failed compile runs eagerly and says so)
     samples: list = field(default_factory=list)  # (total_ms, first_token_ms, decode_ms per step)
     generation: object = None
     hf: list = field(default_factory=list)  # (total_ms, first_token_ms) of transformers' generate
     hf_tokens: list | None = None
+
+
+STEPS = {"default": None, "eager": ("auto", "off"), "compiled": ("auto", "on")}  # (engine.graphs, engine.compile)
+
+
+def use_step(engine, step: str) -> str:
+    """Set the engine's decode step (STEPS) and return its label (Engine.step_label)."""
+    if STEPS[step] is not None:
+        engine.graphs, engine.compile = STEPS[step]
+        if step == "eager" and engine.decoder.device.type == "cuda":
+            engine.graphs = "off"
+    return engine.step_label
 
 
 def time_engine(engine, ids, policy, new_tokens):
@@ -256,9 +274,11 @@ def agreement(ids: list[list[int]], full: list[list[int]], eos_ids) -> float:
 
 # ---- the run --------------------------------------------------------------------------------------
 def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tokens=64, repeats=5,
-        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None, llamacpp=None):
+        warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None, llamacpp=None,
+        steps=("default",)):
     """All cases of one benchmark; returns (rows, goals). `items`: E2E items (data.Item), at least as
     many as the largest batch; a batch of B takes the first B. `labels` go into every row of ours.
+    `steps`: the decode steps (STEPS) every case runs with, in turns.
     `llamacpp` (a llamacpp.LlamaCpp) adds its row: the first prompt, batch 1, full depth, in the same rounds."""
     import torch
 
@@ -271,7 +291,8 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
         speedups = (1, *speedups)  # every measured speedup is against full decoding in the same run
     ids = [engine.encode(item.prompt) for item in items]
     schedules = {s: Schedule.full(L) if s == 1 else for_speedup(s, L, horizon=new_tokens) for s in speedups}
-    cases = [Case("full" if s == 1 else "skipdecode", s, b, schedules[s]) for s in speedups for b in batch_sizes]
+    cases = [Case("full" if s == 1 else "skipdecode", s, b, schedules[s], step)
+             for step in steps for s in speedups for b in batch_sizes]
     if peer:
         biggest = ids[: max(batch_sizes)]
         for s in speedups:
@@ -281,7 +302,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
             say(f"calibrating the early-exit peer to {target:.2f} layers per token ({s}x)")
             policy, reached = calibrate(engine, biggest, target, new_tokens, measure=peer_measure)
             say(f"  threshold {policy.threshold:.5f}: {reached:.2f} layers per token")
-            cases += [Case("early_exit_peer", s, b, policy) for b in batch_sizes]
+            cases += [Case("early_exit_peer", s, b, policy, step) for step in steps for b in batch_sizes]
 
     timed = cases + [Case(METHOD, 1, 1, llamacpp)] if llamacpp is not None else cases
     weight_bytes = Reads.of(engine.decoder).weights(L)
@@ -298,7 +319,9 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
                 if counted:
                     case.samples.append(sample)
                 continue
+            use_step(engine, case.step)
             sample, generation = time_engine(engine, ids[: case.batch_size], case.policy, new_tokens)
+            case.label = engine.step_label
             if counted:
                 case.samples.append(sample)
             case.generation = generation
@@ -324,13 +347,12 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
     cost, reads = CostModel.of(engine.decoder), Reads.of(engine.decoder)
     dtype = engine.decoder.dtype
     L, eos = engine.num_layers, engine.eos_ids
-    full = {c.batch_size: c for c in cases if c.method == "full"}
+    full = {(c.step, c.batch_size): c for c in cases if c.method == "full"}
     biggest = {}
-    for case in cases:  # quality is scored on the largest batch of each method and speedup
-        key = (case.method, case.speedup)
+    for case in cases:  # quality is scored on the largest batch of each method, speedup and step
+        key = (case.method, case.speedup, case.step)
         if key not in biggest or case.batch_size > biggest[key].batch_size:
             biggest[key] = case
-    reference = biggest[("full", 1)].generation.token_ids
     rows = []
     for case in cases:
         B, trace = case.batch_size, case.generation.trace
@@ -344,14 +366,16 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
             layers = trace.average_layers
         bound = cost.bound(L, trace.prompt_tokens, per_step)
         floor = reads.floor_ms(trace.prompt_tokens, per_step, bandwidth)
-        base = full[B]
+        base = full[(case.step, B)]
         base_ms = statistics.median(sorted(s[2] for s in base.samples))
         base_total = statistics.median(sorted(s[0] for s in base.samples))
         total = statistics.median(s[0] for s in case.samples)
-        scored = biggest[(case.method, case.speedup)].generation
+        scored = biggest[(case.method, case.speedup, case.step)].generation
+        reference = biggest[("full", 1, case.step)].generation.token_ids
         texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
         row = {
             "method": case.method, "dtype": dtype_name(dtype), "device": engine.decoder.device.type, **labels,
+            "step": case.label,
             "speedup": case.speedup, "batch_size": B, "new_tokens": new_tokens, "prompt_tokens": trace.prompt_tokens,
             "repeats": len(case.samples), "layers_per_token": round(layers, 3),
             "batch_layers_per_step": round(trace.average_layers, 3),
@@ -425,7 +449,16 @@ def with_llamacpp(rows, cpp: dict) -> list[dict]:
 
 
 def goals(rows) -> list[dict]:
-    """The issue's goals, each as the ratio this run measured against its threshold."""
+    """The issue's goals, each as the ratio this run measured against its threshold; with rows of more than
+    one decode step, checked for each step (named in the goal)."""
+    steps = list(dict.fromkeys(r["step"] for r in rows if "step" in r))
+    if len(steps) < 2:
+        return step_goals(rows)
+    return [{**g, "goal": f"[{step}] {g['goal']}"} for step in steps
+            for g in step_goals([r for r in rows if r.get("step", step) == step])]
+
+
+def step_goals(rows) -> list[dict]:
     out = []
     at = {(r["method"], r["speedup"], r["batch_size"]): r for r in rows}
 
@@ -503,7 +536,7 @@ COLUMNS = [("method", "method", "{}"), ("speedup", "x", "{:g}"), ("batch_size", 
            ("measured_speedup", "speedup", "{:.2f}"), ("bound", "bound", "{:.2f}"),
            ("efficiency", "efficiency", "{:.2f}"), ("hf_generate_tokens_per_s", "HF tok/s", "{:.1f}"),
            ("vs_hf", "vs HF", "{:.2f}"), ("vs_llamacpp", "vs llama.cpp", "{:.2f}"), ("bleu", "BLEU", "{:.1f}"), ("ser", "SER %", "{:.1f}"),
-           ("agreement", "agree", "{:.2f}")]
+           ("agreement", "agree", "{:.2f}"), ("step", "step", "{}")]
 
 
 def markdown(rows, goal_rows) -> str:
@@ -524,8 +557,9 @@ def headline(report: dict) -> str:
     isa = f" [{' '.join(m['isa']) or 'no avx2'}]" if "isa" in m else ""
     precision = f"; {report['precision']}" if "precision" in report else ""
     bandwidth = f"; read bandwidth {report['read_gb_s']} GB/s" if "read_gb_s" in report else ""
+    steps = f"; decode steps: {', '.join(report['steps'])}" if report.get("steps") else ""
     return (f"{report['model']} on {m['cpu']}{isa} ({m['cores']} cores, {m['torch_threads']} torch threads, "
-            f"{m['device']}), torch {m['torch']}, {report['date']}{precision}{bandwidth}; load average "
+            f"{m['device']}), torch {m['torch']}, {report['date']}{precision}{steps}{bandwidth}; load average "
             f"{m['load_average'][0]} before, {report['load_average_after'][0]} after; {labels}; "
             f"{report['seconds']:.0f} s")
 
@@ -630,6 +664,9 @@ def cmd_bench(args) -> int:
 
         engine.decoder = Decoder(engine.model, pack=False)
     engine.graphs = args.graphs
+    steps = tuple(dict.fromkeys(s.strip() for s in args.step.split(",") if s.strip()))
+    if not steps or any(s not in STEPS for s in steps):
+        raise ValueError(f"--step takes a comma-separated list of {', '.join(STEPS)}; got {args.step!r}")
     dtype = dtype_name(engine.decoder.dtype)
     labels = {"weights": getattr(engine, "weights_label", dtype), "packed": engine.decoder.pack,
               "compiled": args.compile, "cuda_graphs": engine.decoder.device.type == "cuda" and args.graphs != "off"}
@@ -638,11 +675,12 @@ def cmd_bench(args) -> int:
     llamacpp = None if args.no_llamacpp else open_llamacpp(engine, items, batch_sizes, args.new_tokens, say)
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
-                          labels=labels, llamacpp=llamacpp)
+                          labels=labels, llamacpp=llamacpp, steps=steps)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
               "date": time.strftime("%Y-%m-%d"), "dtype": dtype, "weights": labels["weights"],
               "precision": precision_reason(engine.decoder.device) if args.dtype == "auto" else f"{dtype}: --dtype",
               "read_gb_s": rows[0]["read_gb_s"], "labels": labels,
+              "steps": list(dict.fromkeys(r["step"] for r in rows if "step" in r)),
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "seconds": round(time.perf_counter() - started, 1), "rows": rows, "goals": goal_rows}
     out = output_path(args.out, args.readme)
@@ -721,6 +759,9 @@ def register(subparsers) -> None:
     bench.add_argument("--no-pack", action="store_true", help="plain F.linear instead of oneDNN-packed weights")
     bench.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
                        help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)")
+    bench.add_argument("--step", default="default",
+                       help="decode steps to time in turns, comma-separated: default (the engine's own: "
+                            "$SKIPDECODE_COMPILE), eager, compiled (skipdecode/compiled.py); each row names its step")
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--no-llamacpp", action="store_true",
