@@ -125,3 +125,21 @@ def test_bundled_verified_equals_full_decoding():
         got = run.generate([prompt], schedule, 32)
         assert got.token_ids == want
         assert got.verification.drafted > 0
+
+
+def test_generate_verify_json(cli, tmp_path):
+    """`skipdecode generate --verify`: full decoding's answer, with the verification's counts."""
+    import json
+
+    from conftest import tiny_checkpoint
+
+    folder = tiny_checkpoint(tmp_path / "tiny")
+    common = ["generate", "--model", folder, "--prompt", PROMPTS[1], "--max-new-tokens", 12, "--json"]
+    full = json.loads(cli(*common).stdout)
+    out = cli(*common, "--speedup", 2, "--verify", "--draft-tokens", 3)
+    got = json.loads(out.stdout)
+    assert got["outputs"][0]["token_ids"] == full["outputs"][0]["token_ids"]
+    assert got["verified"] is True and got["draft_tokens"] == 3 and got["verify_passes"] >= 1
+    assert got["accepted"] <= got["drafted"] and 0 <= got["acceptance_rate"] <= 1
+    assert len(got["marks"]) == len(got["outputs"][0]["token_ids"])
+    assert cli(*common, "--prompt", "another", "--verify").returncode == 2  # one prompt at a time
