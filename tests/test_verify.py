@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, IdTokenizer, tiny_model
+from test_studio_request import MR_PROMPT, tiny_set  # noqa: F401 (tiny_set: a fixture, a tiny base with 1x and 2x adapters)
 from skipdecode.engine import Engine
 from skipdecode.sampling import Sampling, probabilities
 from skipdecode.schedule import Schedule, for_speedup
@@ -143,3 +144,25 @@ def test_generate_verify_json(cli, tmp_path):
     assert got["accepted"] <= got["drafted"] and 0 <= got["acceptance_rate"] <= 1
     assert len(got["marks"]) == len(got["outputs"][0]["token_ids"])
     assert cli(*common, "--prompt", "another", "--verify").returncode == 2  # one prompt at a time
+
+
+def test_the_api_compare_verifies(tiny_set, monkeypatch):
+    """The compare's verify flag: the SkipDecode side drafts, the full side's model verifies, alone in its
+    batch; the answer is full decoding's and the API gives the verification's fields."""
+    from app.callbacks import Callbacks
+    from app.studio import AUTO, Studio, configured_models
+    from skipdecode.batcher import Batcher
+
+    base, adapters = tiny_set
+    monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(adapters))
+    studio = Studio(configured_models(str(base)), batcher=Batcher(window_s=0.0))
+    try:
+        out = Callbacks(studio).compare_api(MR_PROMPT, speedup=2.0, max_new_tokens=9, model=AUTO, verify=True)
+    finally:
+        studio.batcher.close()
+    assert out["verified"] is True and out["skipdecode"]["batch"]["size"] == 1
+    assert out["skipdecode"]["token_ids"] == out["full"]["token_ids"]
+    v = out["verification"]
+    assert v["verified"] and v["verify_passes"] >= 1 and v["accepted"] <= v["drafted"]
+    assert v["verifier_model"].endswith("tiny-1x") and len(v["marks"]) == len(out["full"]["token_ids"])
+    assert out["speedup"]["layers"] is None and out["speedup"]["measured"] > 0
