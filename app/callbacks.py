@@ -19,7 +19,7 @@ import pandas as pd
 from skipdecode.evaluation.bench import speed_figure
 from skipdecode.schedule import max_speedup
 
-from . import plots, views
+from . import plots, verified, views
 from .results import load_table
 from .studio import AUTO, Settings, Studio, shown
 
@@ -113,10 +113,11 @@ class Callbacks:
         return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4):
+                manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None):
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
-                                     max_budget, min_budget, warmup, horizon, decay, mode, beams)
+                                     max_budget, min_budget, warmup, horizon, decay, mode, beams,
+                                     verified.chosen(family))
             written, texts = 0.0, None
             for comparison in self.studio.compare(prompt, settings, model):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
@@ -136,10 +137,14 @@ class Callbacks:
             if update is None:
                 sides.append(views.EMPTY_OUTPUT)
                 continue
-            pieces = text.pieces(update.token_ids)
+            pieces, streaming = text.pieces(update.token_ids), running and not update.finished
+            if comparison.verified and update is comparison.skip:  # marks: accepted draft or the verifier's
+                sides.append(verified.tokens_html(pieces, (update.verification or {}).get("marks", []), streaming))
+                continue
             sides.append(views.tokens_html(pieces, views.token_layers(update, comparison.num_layers),
-                                           comparison.num_layers, streaming=running and not update.finished))
-        return [views.status_markdown(comparison, running), *sides, views.metrics_html(comparison),
+                                           comparison.num_layers, streaming=streaming))
+        metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
+        return [views.status_markdown(comparison, running), *sides, metrics,
                 views.quality_html(comparison), comparison if not running else gr.skip()]
 
     def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",

@@ -13,7 +13,7 @@ import html
 
 import plotly.graph_objects as go
 
-from . import plots
+from . import plots, verified
 from .views import _shade
 
 # Clicking a token of the SkipDecode answer picks its position for the layer view; the element itself
@@ -84,6 +84,8 @@ def marked_html(record: dict, picked: int | None = None) -> str:
     """The SkipDecode answer, each token shaded by the layers run to choose it (as while streaming), the
     tokens full depth would have chosen otherwise underlined; hovering one shows full depth's choice and
     its alternatives. Every token is clickable: it picks the position for the layer view."""
+    if record.get("verified"):  # the verified family marks where each token came from instead
+        return verified.record_html(record, picked)
     side, found = record["skipdecode"], record["divergence"]
     L = record["num_layers"]
     spans = []

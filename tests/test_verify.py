@@ -166,3 +166,34 @@ def test_the_api_compare_verifies(tiny_set, monkeypatch):
     assert v["verified"] and v["verify_passes"] >= 1 and v["accepted"] <= v["drafted"]
     assert v["verifier_model"].endswith("tiny-1x") and len(v["marks"]) == len(out["full"]["token_ids"])
     assert out["speedup"]["layers"] is None and out["speedup"]["measured"] > 0
+
+
+def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monkeypatch):
+    """Verified mode's answer marks each token (accepted draft, replaced, the verifier's), escaped; the
+    exported record carries the verification and replays with the same marks and summary."""
+    from app import replay, teach, verified
+    from app.studio import AUTO, Settings, Studio, configured_models
+    from skipdecode.batcher import Batcher
+
+    base, adapters = tiny_set
+    monkeypatch.setenv("SKIPDECODE_ADAPTERS", str(adapters))
+    studio = Studio(configured_models(str(base)), batcher=Batcher(window_s=0.0))
+    try:
+        final = list(studio.compare(MR_PROMPT, Settings(speedup=2.0, max_new_tokens=9, verify=True), AUTO))[-1]
+        tokenizer = studio.engine(final.model).tokenizer
+        record = replay.record(final, tokenizer)
+    finally:
+        studio.batcher.close()
+    marks = record["verification"]["marks"]
+    page = teach.marked_html(record)
+    assert page.count('class="sd-token sd-') == len(marks) == len(record["skipdecode"]["pieces"])
+    assert all(f'data-mark="{mark}"' in page for mark in set(marks))
+    again = replay.comparison(record)
+    assert again.verified and again.skip.verification["marks"] == marks
+    summary = verified.summary_html(again)
+    assert "acceptance rate" in summary and "verify passes" in summary and "full decoding" in summary
+    hostile = verified.tokens_html(["<script>", "&"], ["accepted", "replaced"])
+    assert "<script>" not in hostile and "&lt;script&gt;" in hostile and "&amp;" in hostile
+    assert verified.chosen(verified.VERIFIED) and not verified.chosen(verified.FASTER)
+    with pytest.raises(ValueError):
+        verified.chosen("something else")
