@@ -157,8 +157,7 @@ class Verified:
             started = time.perf_counter()
             drafts, q = [], []
             if k:
-                for step in range(fed, n):  # catch up on the tokens the draft has not run yet
-                    x = _draft_step(draft_dec, draft_cache, column, tokens[step], P + step, step, width)
+                x = _catch_up(draft_dec, draft_cache, schedule, tokens, fed, P, width)
                 fed = n
                 while True:
                     draft_logits = draft_dec.logits(x[:, -1])
@@ -217,21 +216,21 @@ def accept(logits: torch.Tensor, drafts: list[int], q: list[torch.Tensor], sampl
     return kept + [bonus], marks + [VERIFIER]
 
 
-def forward(dec, cache: KVCache, tokens, start: int, head: bool = True) -> torch.Tensor | None:
-    """Every layer on `tokens` at cache columns [start, start + len(tokens)), batch 1, causal: a prefill
-    (start 0) or a verify pass. Logits [len(tokens), V] (None with head=False)."""
+def forward(dec, cache: KVCache, tokens, start: int, head: bool = True, layers=None) -> torch.Tensor | None:
+    """`layers` (default: every layer) on `tokens` at cache columns [start, start + len(tokens)), batch 1,
+    causal: a prefill (start 0), a verify pass, or a draft's catch-up. Logits [len(tokens), V]; with
+    head=False the last position's hidden state [1, 1, d]."""
     S = len(tokens)
     device = dec.device
     positions = torch.arange(start, start + S, device=device)[None]
-    ids = torch.tensor([list(tokens)], device=device)
     mask = None
     if S > 1:
         allowed = torch.ones(S, start + S, dtype=torch.bool, device=device).tril(start)
         mask = dec.attention_bias(allowed)[None, None]
-    x, rope = dec.embed(ids, positions), dec.rope(positions, limit=cache.max_len)
-    for layer in range(dec.num_layers):
+    x, rope = dec.embed(torch.tensor([list(tokens)], device=device), positions), dec.rope(positions, limit=cache.max_len)
+    for layer in range(dec.num_layers) if layers is None else layers:
         x = dec.block(layer, x, rope, mask, *cache.claim(layer, start, S), start)
-    return dec.logits(x[0]) if head else None
+    return dec.logits(x[0]) if head else x[:, -1:]
 
 
 def _draft_step(dec, cache: KVCache, column: Scheduled, token: int, col: int, step: int, width: int):
@@ -240,6 +239,18 @@ def _draft_step(dec, cache: KVCache, column: Scheduled, token: int, col: int, st
     x = dec.embed(torch.tensor([[token]], device=dec.device), position)
     x, _ = column.run(dec, cache, step, col, x, dec.rope(position, limit=width), None)
     return x
+
+
+def _catch_up(dec, cache: KVCache, schedule: Schedule, tokens: list[int], fed: int, P: int, width: int):
+    """The draft runs the tokens it has not seen (two after a round that kept every draft: the last draft
+    and the verifier's bonus token); positions that run the same layers (a constant budget: the E2E
+    adapters') go through them in one pass, like a prefill, instead of one position at a time."""
+    steps = range(fed, len(tokens))
+    if len({schedule.layers(step) for step in steps}) > 1:
+        for step in steps:
+            x = _draft_step(dec, cache, Scheduled(schedule), tokens[step], P + step, step, width)
+        return x
+    return forward(dec, cache, tokens[fed:], P + fed, head=False, layers=schedule.layers(fed))
 
 
 def _cache(dec, width: int) -> KVCache:

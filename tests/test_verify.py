@@ -63,16 +63,15 @@ def test_rollback_leaves_both_caches_as_a_plain_decode(engines, draft):
         width = len(PROMPT) + n
         fed = max(draft_cache.lengths) - len(PROMPT)  # the draft may lag one token behind (all accepted)
         assert n - 2 <= fed <= n - 1
-        for cache, engine, schedule, count, exact in ((draft_cache, engines[draft], SKIP, fed, True),
-                                                       (verify_cache, verifier, FULL, n - 1, False)):
+        for cache, engine, schedule, count in ((draft_cache, engines[draft], SKIP, fed),
+                                               (verify_cache, verifier, FULL, n - 1)):
             plain = _plain(engine.decoder, schedule, PROMPT, tokens[:count], width)
             assert cache.lengths == plain.lengths
             for layer, length in enumerate(plain.lengths):
-                ours, theirs = cache.data[layer, ..., :length, :], plain.data[layer, ..., :length, :]
-                if exact:  # the draft ran these very positions one at a time
-                    assert torch.equal(ours, theirs)
-                else:  # verified in passes of k + 1 positions: the same values up to float32 rounding
-                    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+                # positions run several in one pass (a verify pass, a draft's catch-up) hold the same values
+                # up to float32 rounding
+                torch.testing.assert_close(cache.data[layer, ..., :length, :], plain.data[layer, ..., :length, :],
+                                           rtol=1e-5, atol=1e-5)
 
 
 def test_sampling_acceptance_follows_the_rule(engines):
