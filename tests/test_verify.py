@@ -196,3 +196,12 @@ def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monk
     assert verified.chosen(verified.VERIFIED) and not verified.chosen(verified.FASTER)
     with pytest.raises(ValueError):
         verified.chosen("something else")
+
+
+def test_verify_check_counts_identical_answers(engines):
+    """`skipdecode verify-check`'s count, on the tiny models: a bad draft still gives full decoding's answers."""
+    from skipdecode.evaluation.verified import check
+
+    runs = {"general": (Verified(engines[2], engines[0], 3), SKIP)}
+    result = check(runs, {"general": [PROMPT, [7, 8, 9]]}, 10, say=lambda message: None)
+    assert result == {"general": {"identical": 2, "total": 2, "mismatches": []}}

@@ -121,6 +121,7 @@ def bench(prompts_by_kind, speedups=(2.0, 3.0), draft_tokens=(DEFAULT_DRAFT_TOKE
             rows.append(row)
         if hf_peer:
             rows += hf_early_exit(kind, prompts, speedups, new_tokens, say)
+        say(markdown([row for row in rows if row["prompts"] == kind]))  # each set's rows as soon as they exist
     return rows
 
 
@@ -184,7 +185,8 @@ def markdown(rows) -> str:
 
 
 def _limits(args, tokenizer):
-    return {kind: prompt_set(kind, tokenizer, limit) for kind, limit in ((E2E, args.e2e), (GENERAL, args.general))
+    """The prompt sets asked for, the general one first: the shorter run, done even if a long one is cut."""
+    return {kind: prompt_set(kind, tokenizer, limit) for kind, limit in ((GENERAL, args.general), (E2E, args.e2e))
             if limit != 0}
 
 
