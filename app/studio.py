@@ -34,7 +34,7 @@ from skipdecode.models import DEFAULT_MODEL
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
-from skipdecode.verify import Verified
+from skipdecode.verify import Verified, draft_tokens_for
 
 from .examples import references_for
 
@@ -478,7 +478,7 @@ class Studio:
                                 why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
                                 decoding=decoding_name(sampling, beam), verified=bool(settings.verify))
         if comparison.verified:  # a fresh pair per request: the batcher runs it as a batch of one
-            engine = Verified(engine, full_engine)
+            engine = Verified(engine, full_engine, draft_tokens_for(kind=kind))
         skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:

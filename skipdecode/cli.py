@@ -150,7 +150,7 @@ def verified(draft, args, beam):
     from .adapters import pick_adapter
     from .engine import Engine
     from .models import DEFAULT_MODEL
-    from .verify import DEFAULT_DRAFT_TOKENS, Verified
+    from .verify import Verified, draft_tokens_for
 
     if len(args.prompt) != 1 or beam.width > 1:
         raise ValueError("--verify decodes one prompt at a time (batch 1) and does not search beams")
@@ -159,7 +159,7 @@ def verified(draft, args, beam):
     else:
         adapter = pick_adapter(1.0, prompt=args.prompt[0])[0] if args.model in (None, DEFAULT_MODEL) else None
         verifier = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
-    run = Verified(draft, verifier, DEFAULT_DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens)
+    run = Verified(draft, verifier, draft_tokens_for(args.prompt[0]) if args.draft_tokens is None else args.draft_tokens)
     print(f"[verify] {run.name}, up to {run.k} drafts a pass", file=sys.stderr)
     return run
 
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="verified decoding: the schedule drafts, full depth verifies; the output is full "
                           "decoding's (one prompt)")
     gen.add_argument("--draft-tokens", type=int, default=None,
-                     help="with --verify: drafts per verify pass (default: skipdecode.verify.DEFAULT_DRAFT_TOKENS)")
+                     help="with --verify: drafts per verify pass (default: skipdecode.verify.DRAFT_TOKENS by the kind of prompt)")
     gen.set_defaults(func=cmd_generate)
 
     sch = sub.add_parser("schedule", help="print the budget and layers run at each position")

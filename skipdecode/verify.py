@@ -31,10 +31,19 @@ from .sampling import Sampling, next_tokens, probabilities
 from .schedule import Schedule
 from .trace import StepRecord, Trace
 
-# Drafts per round. Measured with `skipdecode bench --verify-k 2 3 4 6 8` (docs/speed.md, "Verified
-# decoding"): on E2E prompts at 3x the tokens/s curve is flat from 4 to 6 and drops at 8; on general prompts
-# shorter rounds lose less to rejected drafts. 4 is the measured compromise.
-DEFAULT_DRAFT_TOKENS = 4
+# Drafts per round, by the kind of prompt, measured with `skipdecode bench-verified --draft-tokens 4,6,8`
+# (docs/speed.md, "Verified decoding"): E2E drafts are accepted 97-100%, and k 6 beat 4 (1.47x vs 1.34x full
+# decoding's tokens/s at 3x) with 8 no better; general prompts' 12-22%, and every draft past the first
+# rejection is wasted: k 4 beat 6 and 8 (0.42x vs 0.33x and 0.26x at 3x). Fixed per kind, not adaptive.
+DRAFT_TOKENS = {"e2e": 6, "general": 4}
+DEFAULT_DRAFT_TOKENS = DRAFT_TOKENS["general"]
+
+
+def draft_tokens_for(prompt: str | None = None, kind: str | None = None) -> int:
+    """k for a prompt (or a kind already routed): DRAFT_TOKENS by the router's verdict."""
+    from .router import route
+
+    return DRAFT_TOKENS.get(kind or (route(prompt).kind if prompt is not None else "e2e"), DEFAULT_DRAFT_TOKENS)
 ACCEPTED, REPLACED, VERIFIER = "accepted", "replaced", "verifier"  # how each output token came to be
 
 
@@ -279,7 +288,7 @@ def why(verification: Verification, full_ms_per_token: float | None) -> str:
 
 
 def for_prompt(prompt: str | None, speedup: float, model: str | None = None, device: str = "auto",
-               dtype="auto", draft_tokens: int = DEFAULT_DRAFT_TOKENS, task: str | None = None,
+               dtype="auto", draft_tokens: int | None = None, task: str | None = None,
                horizon: int | None = None) -> tuple[Verified, Schedule, str]:
     """The verified pair a comparison's "auto" runs for this prompt: the draft is the adapter picked for
     `speedup` on its trained schedule, the verifier the one picked for 1x (e2e-1x for an E2E prompt, the base
@@ -292,4 +301,5 @@ def for_prompt(prompt: str | None, speedup: float, model: str | None = None, dev
     verifier = Engine.load(model, device=device, dtype=dtype, adapter=verify_info)
     at = run_speedup(draft_info, speedup)
     schedule = trained_schedule(draft_info, at, draft.num_layers, horizon)
-    return Verified(draft, verifier, draft_tokens), schedule, f"draft: {draft_why}; verifier: {verify_why}"
+    k = draft_tokens_for(prompt, task) if draft_tokens is None else draft_tokens
+    return Verified(draft, verifier, k), schedule, f"draft: {draft_why}; verifier: {verify_why}"

@@ -234,10 +234,10 @@ def register(subparsers) -> None:
         p.add_argument("--json", action="store_true")
         if func is cmd_bench_verified:
             p.add_argument("--speedups", default="2,3", help="the drafts' speedups")
-            p.add_argument("--draft-tokens", default=str(DEFAULT_DRAFT_TOKENS), help="k values, comma-separated")
+            p.add_argument("--draft-tokens", default="4,6", help="k values, comma-separated")
             p.add_argument("--repeats", type=int, default=1, help="counted rounds per prompt after a warm-up")
             p.add_argument("--no-hf", action="store_true", help="skip transformers' assistant_early_exit peer")
         else:
             p.add_argument("--speedup", type=float, default=3.0)
-            p.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS)
+            p.add_argument("--draft-tokens", type=int, default=None, help="default: DRAFT_TOKENS by the kind")
         p.set_defaults(func=func)
