@@ -26,11 +26,11 @@ SETS = (E2E, GENERAL)
 def prompt_set(kind: str, tokenizer, limit: int | None) -> list[str]:
     """E2E: the test MRs (distinct, file order); general: the validation prompts (hash order)."""
     from .data import eval_items
-    from .general import validation_prompts
+    from .general import VALIDATION_COUNT, validation_prompts
 
     if kind == E2E:
         return [item.prompt for item in eval_items(split="test")][:limit]
-    return validation_prompts(tokenizer, limit)
+    return validation_prompts(tokenizer, VALIDATION_COUNT if limit is None else limit)
 
 
 def pairs(speedup: float, draft_tokens: int, dtype="auto") -> dict[str, tuple[Verified, object]]:
