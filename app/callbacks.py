@@ -19,7 +19,7 @@ import pandas as pd
 from skipdecode.evaluation.bench import speed_figure
 from skipdecode.schedule import max_speedup
 
-from . import plots, views
+from . import plots, verified, views
 from .results import load_table
 from .studio import AUTO, Settings, Studio, shown
 
@@ -67,14 +67,14 @@ def user_errors():
 
 def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, top_p=0.9, top_k=0, seed=0,
                   manual=False, max_budget=20, min_budget=6, warmup=2, horizon=0, decay="linear",
-                  mode="skip", beams=4) -> Settings:
+                  mode="skip", beams=4, verify=False) -> Settings:
     if decoding not in DECODINGS:
         raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}; got {shown(decoding)}")
     return Settings(speedup=speedup, max_new_tokens=max_new_tokens, manual_budgets=bool(manual),
                     max_budget=max_budget, min_budget=min_budget, warmup=warmup, horizon=horizon or 0,
                     decay=decay, mode=mode, sampling=decoding == "sampling", temperature=temperature,
                     top_p=top_p, top_k=top_k or 0, seed=seed if seed is not None else 0,
-                    beams=beams if decoding == "beam search" else 0)
+                    beams=beams if decoding == "beam search" else 0, verify=bool(verify))
 
 
 class Callbacks:
@@ -121,10 +121,11 @@ class Callbacks:
         return self.preview(*inputs)
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4):
+                manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None):
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
-                                     max_budget, min_budget, warmup, horizon, decay, mode, beams)
+                                     max_budget, min_budget, warmup, horizon, decay, mode, beams,
+                                     verified.chosen(family))
             written, texts = 0.0, None
             for comparison in self.studio.compare(prompt, settings, model):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
@@ -144,27 +145,33 @@ class Callbacks:
             if update is None:
                 sides.append(views.EMPTY_OUTPUT)
                 continue
-            pieces = text.pieces(update.token_ids)
+            pieces, streaming = text.pieces(update.token_ids), running and not update.finished
+            if comparison.verified and update is comparison.skip:  # marks: accepted draft or the verifier's
+                sides.append(verified.tokens_html(pieces, (update.verification or {}).get("marks", []), streaming))
+                continue
             sides.append(views.tokens_html(pieces, views.token_layers(update, comparison.num_layers),
-                                           comparison.num_layers, streaming=running and not update.finished))
-        return [views.status_markdown(comparison, running), *sides, views.metrics_html(comparison),
+                                           comparison.num_layers, streaming=streaming))
+        metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
+        return [views.status_markdown(comparison, running), *sides, metrics,
                 views.quality_html(comparison), comparison if not running else gr.skip()]
 
     def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",
                     decoding: str = "greedy", temperature: float = 0.7, top_p: float = 0.9, top_k: int = 0,
                     seed: int = 0, max_budget: int = 0, min_budget: int = 0, warmup: int = 2, horizon: int = 0,
-                    decay: str = "linear", mode: str = "skip", beams: int = 4) -> dict:
+                    decay: str = "linear", mode: str = "skip", beams: int = 4, verify: bool = False) -> dict:
         """Run SkipDecode and full decoding on `prompt`: by default greedy, with the default schedule for
         `speedup`, on the page's default model. Optional, as on the page: `model` (one of the page's model
         labels), `decoding` ("greedy"; "sampling", with temperature, top_p, top_k and seed; "beam search",
         with `beams` beams, each side's output its best beam), the schedule
         by hand (`max_budget` and `min_budget`, both set, replace the speedup; `warmup`, `horizon` (0 = max
-        new tokens), `decay`, `mode`). Returns both outputs, both traces (steps with budget, layers and ms)
-        and the quality scores; bad input is an error whose message says what to change."""
+        new tokens), `decay`, `mode`), `verify` (verified decoding: SkipDecode drafts, the full side's model
+        verifies; the answer is full decoding's, and `verification` gives the acceptance rate, drafted and
+        accepted counts, verify passes and each token's mark). Returns both outputs, both traces (steps with
+        budget, layers and ms) and the quality scores; bad input is an error whose message says what to change."""
         with user_errors():
             manual = bool(max_budget or min_budget)
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
-                                     max_budget, min_budget, warmup, horizon, decay, mode, beams)
+                                     max_budget, min_budget, warmup, horizon, decay, mode, beams, verify)
             final = None
             for final in self.studio.compare(prompt, settings, model or self.studio.labels[0]):
                 pass

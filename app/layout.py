@@ -9,7 +9,7 @@ import gradio as gr
 from skipdecode.models import precision_reason
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import plots, results, teach, views
+from . import plots, results, teach, verified, views
 from .callbacks import DECODINGS, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
@@ -119,6 +119,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
                                                    label="Max new tokens", elem_id="sd-max-new-tokens")
                         decoding = gr.Radio(list(DECODINGS), value="greedy", label="Decoding")
+                        family = gr.Radio(list(verified.FAMILIES), value=verified.FASTER, label="What it promises",
+                                          elem_id="sd-family")  # app/verified.py
                         with gr.Row():
                             run = gr.Button("Run", variant="primary", elem_id="sd-run", scale=3)
                             stop = gr.Button("Stop", variant="secondary", scale=1)
@@ -279,7 +281,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                       api_visibility="private", show_progress="hidden", queue=False)
         demo.load(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private", queue=False)
         compare_inputs = [prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                          manual, max_budget, min_budget, warmup, horizon, decay, mode, beams]
+                          manual, max_budget, min_budget, warmup, horizon, decay, mode, beams, family]
         compare_outputs = [status, skip_out, full_out, metrics, quality, last, budget_plot, layer_plot, latency_plot]
         events = [trigger(cb.stream_compare, compare_inputs, compare_outputs, api_visibility="private",
                           concurrency_limit=concurrency, concurrency_id="decode", show_progress="minimal")

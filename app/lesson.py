@@ -12,7 +12,7 @@ import logging
 
 import gradio as gr
 
-from . import plots, replay, teach, views
+from . import plots, replay, teach, verified, views
 from .callbacks import for_the_user, settings_from, user_errors
 from .studio import Studio
 
@@ -150,8 +150,8 @@ class Lesson:
                   f"Prompt: “{views.safe(record['prompt'])}”. "
                   + views.status_markdown(comparison, False).removeprefix("Done. "))
         budget, layer_map, latency = views.compare_figures(comparison)
-        return ((record, status, full, views.metrics_html(comparison), views.quality_html(comparison), budget,
-                 layer_map, latency) + self._shown(record, None) + (None,))
+        metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
+        return ((record, status, full, metrics, views.quality_html(comparison), budget, layer_map, latency) + self._shown(record, None) + (None,))
 
     # ---- presentation -------------------------------------------------------------------------
     @staticmethod

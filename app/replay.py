@@ -101,6 +101,7 @@ def comparison(record: dict) -> Comparison:
     out.divergence = Divergence(found["agreement"], found["first"], found["tokens"],
                                 [[tuple(pair) for pair in top] for top in found["top"]])
     out.divergence_ms = record.get("divergence_ms", 0.0)
+    out.verified, out.skip.verification = bool(record.get("verified")), record.get("verification")
     if record.get("lens"):
         out.lenses = {name: [Lens.from_dict(v) for v in views] for name, views in record["lens"].items()}
     return out

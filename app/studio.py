@@ -34,6 +34,7 @@ from skipdecode.models import DEFAULT_MODEL
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
+from skipdecode.verify import Verified, draft_tokens_for
 
 from .examples import references_for
 
@@ -139,6 +140,7 @@ class Settings:
     top_k: int = 0
     seed: int = 0
     beams: int = 0  # beam search of this width; 0: none
+    verify: bool = False  # verified decoding: SkipDecode drafts, the full side's model verifies (skipdecode/verify.py)
 
     def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits(),
                  spread: float = SPREAD) -> Schedule:
@@ -260,6 +262,7 @@ class Comparison:
     divergence: lens.Divergence | None = None  # full depth's choice at each SkipDecode position (same prefix)
     divergence_ms: float = 0.0  # what computing it took
     lenses: dict | None = None  # "skipdecode" / "full" -> [lens.Lens per position], made when first asked
+    verified: bool = False  # the SkipDecode side drafted and the full side's model verified: full decoding's output
 
     @property
     def done(self) -> bool:
@@ -272,16 +275,22 @@ class Comparison:
         out = {"layers": None, "weights": None, "measured": None}
         if not (self.skip and self.skip.trace.steps):
             return out
+        if self.verified:  # every kept token is verified at full depth: only the measured ratio applies
+            return {**out, "measured": self._measured()}
         average = self.skip.trace.average_layers
         layer, head = self.cost
         out["layers"] = round(self.num_layers / average, 3)
         out["weights"] = round((self.num_layers * layer + head) / (average * layer + head), 3)
-        if self.full and self.full.trace.steps:
-            n = min(len(self.skip.trace.steps), len(self.full.trace.steps))
-            skip_ms = sum(s.ms for s in self.skip.trace.steps[:n]) / n
-            full_ms = sum(s.ms for s in self.full.trace.steps[:n]) / n
-            out["measured"] = round(full_ms / skip_ms, 3) if skip_ms else None
+        out["measured"] = self._measured()
         return out
+
+    def _measured(self) -> float | None:
+        if not (self.full and self.full.trace.steps):
+            return None
+        n = min(len(self.skip.trace.steps), len(self.full.trace.steps))
+        skip_ms = sum(s.ms for s in self.skip.trace.steps[:n]) / n
+        full_ms = sum(s.ms for s in self.full.trace.steps[:n]) / n
+        return round(full_ms / skip_ms, 3) if skip_ms else None
 
     def to_dict(self) -> dict:
         def side(update: Update | None) -> dict | None:
@@ -296,7 +305,8 @@ class Comparison:
                 "num_layers": self.num_layers, "decoding": self.decoding,
                 "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
                 "speedup": self.speedups(), "quality": self.quality, "references": self.references,
-                "divergence": self.divergence.to_dict() if self.divergence else None, "timing": TIMING_NOTE}
+                "divergence": self.divergence.to_dict() if self.divergence else None, "timing": TIMING_NOTE,
+                "verified": self.verified, "verification": self.skip.verification if self.skip else None}
 
 
 @dataclass
@@ -458,6 +468,8 @@ class Studio:
         decode those ids."""
         prompt, n = self._check_text(prompt, settings.max_new_tokens)
         beam = settings.search(self.limits)  # checked before any model is loaded for the request
+        if settings.verify and beam is not None:
+            raise ValueError("verified decoding chooses one token at a time: choose it or beam search, not both")
         kind = kind_of(prompt)
         choice, engine, schedule, sampling, why = self._setup(settings, model, prompt, kind)
         ids = self._encode(engine, prompt)
@@ -466,7 +478,9 @@ class Studio:
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
                                 why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
-                                decoding=decoding_name(sampling, beam))
+                                decoding=decoding_name(sampling, beam), verified=bool(settings.verify))
+        if comparison.verified:  # a fresh pair per request: the batcher runs it as a batch of one
+            engine = Verified(engine, full_engine, draft_tokens_for(kind=kind))
         skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:

@@ -13,7 +13,7 @@ import html
 
 import plotly.graph_objects as go
 
-from . import plots
+from . import plots, verified
 from .views import _shade, safe
 
 # Clicking a token of the SkipDecode answer picks its position for the layer view; the element itself
@@ -125,6 +125,8 @@ def marked_html(record: dict, picked: int | None = None) -> str:
     tokens full depth would have chosen otherwise underlined; hovering one shows full depth's choice and
     its alternatives. Every token is clickable: it picks the position for the layer view. One token is a Tab
     stop (the picked one, else the first): CLICK_JS moves between them with the arrow keys."""
+    if record.get("verified"):  # the verified family marks where each token came from instead
+        return verified.record_html(record, picked)
     side, found = record["skipdecode"], record["divergence"]
     L = record["num_layers"]
     focused = picked if picked is not None else 0

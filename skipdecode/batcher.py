@@ -4,7 +4,8 @@ This is what SkipDecode is for: every row of a batch shares one layer budget per
 ask at the same moment can share every forward pass instead of queueing behind each other. One worker
 thread owns the compute. It waits for a request, gathers what else arrives within a short window (or
 queued up while it was busy), groups the requests by engine, schedule, sampling (or beam search) and token limit, and runs
-each group as one batch. Batches that cannot merge run side by side, one position of each in turn, so
+each group as one batch (a verified request, skipdecode/verify.py, always runs alone: a batch of one, since
+rows accepting different numbers of drafts would drift apart in position). Batches that cannot merge run side by side, one position of each in turn, so
 (for instance) a SkipDecode run and its full-decoding baseline see the same machine load. Each request
 gets its own stream of partial results and learns which batch it ran in.
 
@@ -76,6 +77,7 @@ class Update:
     finished: bool  # this row has stopped (EOS or token limit)
     done: bool  # the whole batch has stopped and the trace is complete
     trace: Trace  # the batch's trace so far, shared by every row
+    verification: dict | None = None  # a verified run's counts and marks (skipdecode/verify.py), else None
 
 
 @dataclass(eq=False)
@@ -91,7 +93,8 @@ class _Request:
     @property
     def key(self):
         j = self.job
-        return (id(j.engine), j.schedule, j.max_new_tokens, j.sampling, j.stop_at_eos, j.beam)
+        alone = id(self) if getattr(j.engine, "batch_one", False) else None  # verified decoding: batch 1
+        return (id(j.engine), j.schedule, j.max_new_tokens, j.sampling, j.stop_at_eos, j.beam, alone)
 
     def send(self, item) -> None:
         with self.signal:
@@ -329,10 +332,13 @@ class _Batch:
             trace = dataclasses.replace(generation.trace, steps=list(generation.trace.steps),
                                         cache_lengths=list(generation.trace.cache_lengths))
             texts = generation.texts
+            verification = getattr(generation, "verification", None)
+            verification = verification.to_dict() if verification is not None else None
             for row, request in enumerate(self.requests):
                 if not request.cancelled:
                     request.send(Update(row, self.info, request.prompt_ids, list(generation.token_ids[row]),
-                                        texts[row], generation.finished[row], generation.done, trace))
+                                        texts[row], generation.finished[row], generation.done, trace,
+                                        verification))
         except StopIteration:
             return False
         except Exception as error:  # a failed batch fails its own requests, never the worker

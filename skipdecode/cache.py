@@ -39,6 +39,12 @@ class KVCache:
         self.lengths[layer] = start + count
         return self.data[layer, 0], self.data[layer, 1]
 
+    def truncate(self, columns: int):
+        """Forget every column from `columns` on (verified decoding's rollback of rejected drafts): a static
+        cache only needs its lengths cut, and the next writes overwrite the rest. A layer holding fewer
+        columns keeps them all (under a schedule, the layers it stopped running)."""
+        self.lengths = [min(length, columns) for length in self.lengths]
+
     def keep_rows(self, rows: torch.Tensor):
         """Drop finished rows so they stop costing compute; copies only the columns in use."""
         used = max(self.lengths)

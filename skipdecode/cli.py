@@ -98,6 +98,8 @@ def cmd_generate(args) -> int:
         args.speedup = run_speedup(adapter, args.speedup)
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
     schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens, engine.adapter)
+    if args.verify:
+        engine = verified(engine, args, beam)
     live = not args.json and len(args.prompt) == 1 and beam.width == 1  # a search's best beam changes: no stream
     shown = [""]
 
@@ -122,6 +124,7 @@ def cmd_generate(args) -> int:
             "prefill_ms": round(trace.prefill_ms, 3),
             "decode_ms": round(trace.decode_ms, 3),
             "tokens_per_s": round(trace.tokens_per_s, 3),
+            **(result.verification.to_dict() if args.verify else {}),
         }))
         return 0
     if live:
@@ -130,10 +133,35 @@ def cmd_generate(args) -> int:
         for prompt, text in zip(args.prompt, result.texts):
             print(f"### {prompt}\n{text}\n")
     beams = f" over {beam.width} beams" if beam.width > 1 else ""
+    if args.verify:
+        from .verify import why
+
+        print(f"[verified: {why(result.verification, None)}]", file=sys.stderr)
     print(f"[{engine.name}: {trace.generated_tokens} tokens{beams}, {trace.average_layers:.1f}/{engine.num_layers} layers "
           f"per position, prefill {trace.prefill_ms:.0f} ms, decode {trace.decode_ms:.0f} ms, "
           f"{trace.tokens_per_s:.1f} tokens/s]", file=sys.stderr)
     return 0
+
+
+def verified(draft, args, beam):
+    """`--verify`: `draft` drafts under the schedule and full depth verifies: the model the app's full side
+    runs (with --adapter, that adapter; else the one picked at 1x: e2e-1x for an E2E prompt, the base model
+    for any other)."""
+    from .adapters import pick_adapter
+    from .engine import Engine
+    from .models import DEFAULT_MODEL
+    from .verify import Verified, draft_tokens_for
+
+    if len(args.prompt) != 1 or beam.width > 1:
+        raise ValueError("--verify decodes one prompt at a time (batch 1) and does not search beams")
+    if args.adapter is not None:
+        verifier = draft
+    else:
+        adapter = pick_adapter(1.0, prompt=args.prompt[0])[0] if args.model in (None, DEFAULT_MODEL) else None
+        verifier = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
+    run = Verified(draft, verifier, draft_tokens_for(args.prompt[0]) if args.draft_tokens is None else args.draft_tokens)
+    print(f"[verify] {run.name}, up to {run.k} drafts a pass", file=sys.stderr)
+    return run
 
 
 def cmd_schedule(args) -> int:
@@ -178,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto", help="auto (on a CPU the bundled model's own 4-bit GGUF blocks, "
                                                     "skipdecode/q4.py), int4, float32, bfloat16 or float16")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--verify", action="store_true",
+                     help="verified decoding: the schedule drafts, full depth verifies; the output is full "
+                          "decoding's (one prompt)")
+    gen.add_argument("--draft-tokens", type=int, default=None,
+                     help="with --verify: drafts per verify pass (default: skipdecode.verify.DRAFT_TOKENS by the kind of prompt)")
     gen.set_defaults(func=cmd_generate)
 
     sch = sub.add_parser("schedule", help="print the budget and layers run at each position")
@@ -194,10 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands():
     """Subcommands that live beside their code (train, eval, bench), imported only when the parser is
     built: the CLI is the top layer and may import every other."""
-    from .evaluation import bench, evaluate
+    from .evaluation import bench, evaluate, verified
     from .training import train
 
-    return train.register, evaluate.register, bench.register
+    return train.register, evaluate.register, bench.register, verified.register
 
 
 def main(argv=None) -> int:

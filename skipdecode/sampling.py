@@ -46,6 +46,12 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     """logits [B, V] -> token ids [B]; the filters follow transformers' order (temperature, top-k, top-p)."""
     if sampling.greedy:
         return logits.argmax(dim=-1)
+    return torch.multinomial(probabilities(logits, sampling), 1, generator=generator).squeeze(-1)
+
+
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The distribution sampling draws from, [..., V] (verified decoding's acceptance rule compares the
+    draft's and the verifier's)."""
     logits = logits.float() / sampling.temperature
     if sampling.top_k:
         kth = torch.topk(logits, min(sampling.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -56,8 +62,7 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
         drop_sorted = cumulative <= 1.0 - sampling.top_p
         drop_sorted[..., -1] = False  # always keep the most likely token
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), -math.inf)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return logits.softmax(dim=-1)
 
 
 def _number(name, value, low, high, low_open=False):
