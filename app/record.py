@@ -142,6 +142,23 @@ class Hardware(Strict):
     gpu: str = ""
 
 
+class Verification(Strict):
+    """What verified decoding did (skipdecode/verify.py's Verification.to_dict): one mark per token."""
+
+    verified: bool
+    draft_tokens: int = Field(ge=1)
+    draft_model: str
+    verifier_model: str
+    drafted: int = Count
+    accepted: int = Count
+    acceptance_rate: float | None = Probability
+    verify_passes: int = Count
+    passes_per_token: float | None = Count
+    draft_ms: float = Count
+    verify_ms: float = Count
+    marks: list[Literal["accepted", "replaced", "verifier"]]
+
+
 class Record(Strict):
     format: Literal[FORMAT]
     exported: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")  # it names the file a re-export writes
@@ -168,6 +185,8 @@ class Record(Strict):
     hardware: Hardware
     texts: dict[str, str]
     lens: Lens | None
+    verified: bool = False
+    verification: Verification | None = None
 
     @model_validator(mode="after")
     def _agree(self):
@@ -186,6 +205,12 @@ class Record(Strict):
             _within(f"{name}.layers", side.layers, 0, L)
             for s in side.trace.steps:
                 _within(f"{name}.trace.steps.{s.step}.layers", s.layers + s.skipped, 0, L - 1)
+        if self.verified:
+            if self.verification is None:
+                raise ValueError("verification is missing from a verified comparison")
+            _same("verification.marks", self.verification.marks, n, "skipdecode.token_ids")
+            if self.verification.accepted > self.verification.drafted:
+                raise ValueError("verification.accepted is more than verification.drafted")
         _same("divergence.tokens", self.divergence.tokens, n, "skipdecode.token_ids")
         _same("divergence.top", self.divergence.top, n, "skipdecode.token_ids")
         if [t.position for t in self.divergence.tokens] != list(range(n)):

@@ -44,7 +44,9 @@ def tokens_html(pieces: list[str], marks: list[str], streaming: bool = False, pi
     for index, (piece, mark) in enumerate(zip(pieces, marks)):
         shown, mark = html.escape(piece) or "&#8203;", html.escape(mark)
         extra = " sd-picked" if index == picked else ""
+        focus = 0 if index == (picked or 0) else -1  # one Tab stop; teach.CLICK_JS moves between tokens
         spans.append(f'<span class="sd-token sd-{mark}{extra}" data-pos="{index}" data-mark="{mark}" '
+                     f'tabindex="{focus}" role="button" '
                      f'title="token {index}: {html.escape(TITLES.get(mark, mark))}">{shown}</span>')
     cursor = '<span class="sd-cursor"></span>' if streaming else ""
     return f'<style>{CSS}</style><div class="sd-output sd-verified-output">{"".join(spans)}{cursor}</div>'

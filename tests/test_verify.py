@@ -1,5 +1,7 @@
 """Verified decoding (skipdecode/verify.py): SkipDecode drafts, full depth verifies, the output is full decoding's."""
 
+import json
+
 import pytest
 import torch
 
@@ -167,7 +169,7 @@ def test_the_api_compare_verifies(tiny_set, monkeypatch):
     assert out["speedup"]["layers"] is None and out["speedup"]["measured"] > 0
 
 
-def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monkeypatch):
+def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monkeypatch, tmp_path):
     """Verified mode's answer marks each token (accepted draft, replaced, the verifier's), escaped; the
     exported record carries the verification and replays with the same marks and summary."""
     from app import replay, teach, verified
@@ -187,6 +189,14 @@ def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monk
     page = teach.marked_html(record)
     assert page.count('class="sd-token sd-') == len(marks) == len(record["skipdecode"]["pieces"])
     assert all(f'data-mark="{mark}"' in page for mark in set(marks))
+    exported = tmp_path / "verified.json"  # through the replay schema (app/record.py), as a file
+    exported.write_text(json.dumps(record))
+    assert replay.read(str(exported))["verification"]["marks"] == marks
+    damaged = json.loads(exported.read_text())
+    damaged["verification"]["marks"] = marks[:-1]
+    exported.write_text(json.dumps(damaged))
+    with pytest.raises(ValueError, match="verification.marks has"):
+        replay.read(str(exported))
     again = replay.comparison(record)
     assert again.verified and again.skip.verification["marks"] == marks
     summary = verified.summary_html(again)
