@@ -88,6 +88,18 @@ def test_unmerged_lora_equals_merged():
     assert unmerged.nbytes > base.nbytes
 
 
+def test_an_unmerged_lora_gives_every_row_its_bits_alone():
+    """A row of a batch, a prefill or a verify pass gets the bits of the same row decoded alone (a plain
+    float32 matmul of 4 rows or more sums in another order than one row)."""
+    torch.manual_seed(0)
+    base = q4.Int4Linear.of(q4.quantize(torch.randn(192, 576)))
+    lin = base.with_lora(torch.randn(576, 48) * 0.1, torch.randn(48, 192) * 0.1)
+    for rows in (2, 3, 4, 7, 16):
+        x = torch.randn(rows, 576)
+        alone = torch.cat([lin(x[i:i + 1]) for i in range(rows)])
+        assert torch.equal(lin(x), alone), rows
+
+
 def test_lora_factors_fuse_like_the_decoder(tmp_path):
     """qkv's A's side by side and B's block-diagonal: the fused product equals the three modules' own."""
     from safetensors.torch import save_file
