@@ -5,8 +5,8 @@ verifier (full depth: the model a comparison's full side runs) checks them in ON
 accepted token and the drafts (k + 1 positions, a small prefill at those cache columns), keeps the drafts
 it agrees with plus its own next token, and both caches forget the rest (static caches: lengths cut, the
 next writes overwrite). Greedy output is full decoding's, token for token, where a pass over k + 1 positions
-rounds as one position does: on the 4-bit base model, yes (64 of 64 general prompts); with an unmerged adapter
-verifying (e2e-1x), near ties part 59 of 630 E2E answers (docs/speed.md). Sampling accepts a draft with
+rounds as one position does: on the 4-bit path it does (float64 attention, row-exact LoRA terms:
+q4.lora_term), and 64 of 64 general prompts and 630 of 630 E2E answers are full decoding's (docs/speed.md). Sampling accepts a draft with
 probability min(1, p/q) and otherwise draws from norm(max(0, p - q)), a bonus token from p when all are
 accepted, so the output follows the verifier's distribution (Leviathan et al. 2023; Chen et al. 2023).
 
