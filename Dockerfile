@@ -7,7 +7,7 @@ FROM python:3.11-slim
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 GRADIO_ANALYTICS_ENABLED=False \
     GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 HOME=/home/user
-# g++: the CPU decode step compiles each layer into C++ (skipdecode/compiled.py); without it the step runs eagerly
+# g++: with SKIPDECODE_COMPILE=on the CPU decode step compiles each layer into C++ (skipdecode/compiled.py)
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
@@ -26,8 +26,9 @@ COPY --chown=user app.py ./
 RUN pip install --no-deps .
 
 USER user
-# Dequantize the bundled model once, and compile its decode step (batch 1 and 2, the warm-up's), at build time,
-# so the container starts in seconds: inductor's cache lives inside the model cache (skipdecode/compiled.py).
+# Dequantize the bundled model once, and run the warm-up's batches once, at build time, so the container starts
+# in seconds (with SKIPDECODE_COMPILE=on this also compiles the decode step: inductor's cache lives inside the
+# model cache, skipdecode/compiled.py).
 RUN python -c "from skipdecode.models import cached_default; cached_default()" \
  && python -c "from skipdecode.engine import Engine; e = Engine.load(); \
 [e.generate(['Hello'] * b, max_new_tokens=2) for b in (1, 2)]; print(e.step_label)"

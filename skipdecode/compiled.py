@@ -26,9 +26,14 @@ import torch
 from .models import cache_dir
 from .transformer import Block, Decoder
 
-COMPILE_ENV = "SKIPDECODE_COMPILE"  # auto (the 4-bit CPU path, where a compiler works), on, off
+COMPILE_ENV = "SKIPDECODE_COMPILE"  # auto (today: the eager step, see AUTO_EAGER), on, off
 SETTINGS = ("auto", "on", "off")
 OPTIONS = {"cpp_wrapper": True}  # the graph's calls from C++ instead of Python (docs/speed.md, session 44)
+# What "auto" runs, and why: three bench runs in a row on a quiet AMD EPYC (avx512_bf16, 2 cores) timed both
+# steps in turns; the compiled step was no faster at batch 1 (full depth 7.6-8.2 against 6.9-8.3 ms a token)
+# and slower at batch 16 (36.9-39.5 against 28.3-31.9 ms), and costs 19-29 s of compiling on a cold start
+# (docs/speed.md, "The compiled CPU decode step"). A host whose CPU it pays on sets SKIPDECODE_COMPILE=on.
+AUTO_EAGER = "the compiled step did not pay on the CPU measured (SKIPDECODE_COMPILE=on compiles it)"
 RECOMPILE_LIMIT = 64  # graphs per process: batch sizes x cache widths x LoRA patterns
 log = logging.getLogger("skipdecode")
 
@@ -46,8 +51,8 @@ def why_not(dec: Decoder, value: str) -> str | None:
         return f"{COMPILE_ENV}=off"
     if dec.device.type != "cpu":
         return "compiled step is for the CPU (a GPU runs CUDA graphs)"
-    if value == "auto" and dec.weights is None:
-        return "compiled step is the 4-bit path's (set SKIPDECODE_COMPILE=on to compile this one)"
+    if value == "auto":
+        return AUTO_EAGER
     if not compiler():
         return "no C++ compiler (install g++ or set CXX)"
     return None
