@@ -26,6 +26,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.utils import Status
 
+from app import verified
 from appserver import ROOT, app_url, prestart
 from skipdecode.batcher import Batcher, follow
 from skipdecode.sampling import Sampling
@@ -80,7 +81,7 @@ BAD_INPUTS = [
 ]
 DEFAULTS = dict(prompt="Hi", speedup=3.0, max_new_tokens=4, model=f"{BASE} (base)", decoding="greedy", temperature=0.7, top_p=0.9,
                 top_k=0, seed=0, max_budget=0, min_budget=0, warmup=2, horizon=0, decay="linear", mode="skip",
-                beams=4)
+                beams=4, verify=False)
 CASES = [pytest.param(kwargs, message, id=name) for name, kwargs, message in BAD_INPUTS]
 
 
@@ -159,7 +160,8 @@ def ui_args(kwargs: dict) -> list:
     manual = bool(a["max_budget"] or a["min_budget"])
     budgets = (a["max_budget"], a["min_budget"]) if manual else (20, 6)  # the sliders' own values when unused
     return [a["prompt"], a["model"], a["speedup"], a["max_new_tokens"], a["decoding"], a["temperature"], a["top_p"],
-            a["top_k"], a["seed"], manual, *budgets, a["warmup"], a["horizon"], a["decay"], a["mode"], a["beams"]]
+            a["top_k"], a["seed"], manual, *budgets, a["warmup"], a["horizon"], a["decay"], a["mode"], a["beams"],
+            verified.VERIFIED if a["verify"] else verified.FASTER]
 
 
 @pytest.mark.slow

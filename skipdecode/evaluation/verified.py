@@ -12,6 +12,7 @@ plain `generate`: its draft is the bottom layers and the LM head, which were nev
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from statistics import median
@@ -202,7 +203,7 @@ def cmd_bench_verified(args) -> int:
     speedups = tuple(float(s) for s in args.speedups.split(","))
     rows = bench(prompts, speedups, ks, args.new_tokens, args.repeats, not args.no_hf, say)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "machine": before,
-              "load_average_after": [round(x, 2) for x in __import__("os").getloadavg()], "rows": rows}
+              "load_average_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
     print(json.dumps(report) if args.json else f"{before['cpu']}, load {before['load_average']}\n{markdown(rows)}")
     return 0
 
