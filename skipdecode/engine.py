@@ -188,18 +188,14 @@ class Engine:
         policy = schedule if hasattr(schedule, "run") else Scheduled(schedule or Schedule.full(L))
         if policy.num_layers != L:
             raise ValueError(f"schedule is for {policy.num_layers} layers but the model has {L}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+        check_new_tokens(max_new_tokens)
         encoded = [self.encode(p, chat) for p in prompts]
         if beam is not None and beam.width > 1:  # each prompt's beams are rows of the batch
             encoded = [ids for ids in encoded for _ in range(beam.width)]
         else:
             beam = None
         B, P = len(encoded), max(len(ids) for ids in encoded)
-        width = P + max_new_tokens
-        if width > dec.max_positions:
-            raise ValueError(f"prompt of {P} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                             f"context of {dec.max_positions} tokens")
+        width = cache_width(dec, P, max_new_tokens)
         device = dec.device
         ids = torch.tensor([[self.pad_id] * (P - len(e)) + e for e in encoded], device=device)
         pads = [P - len(e) for e in encoded]
@@ -322,6 +318,20 @@ class Engine:
         token, origin = search.step(logits)
         cache.reorder_rows(origin, prompt_columns)
         return token
+
+
+def check_new_tokens(max_new_tokens) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+
+
+def cache_width(dec: Decoder, prompt_tokens: int, max_new_tokens: int) -> int:
+    """The cache columns a generation needs: the prompt and every new token, within the model's context."""
+    width = prompt_tokens + max_new_tokens
+    if width > dec.max_positions:
+        raise ValueError(f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+                         f"context of {dec.max_positions} tokens")
+    return width
 
 
 def _adapter_info(adapter):

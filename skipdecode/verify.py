@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from .cache import KVCache
-from .engine import Engine, Generation, Prompt, Scheduled
+from .engine import Engine, Generation, Prompt, Scheduled, cache_width, check_new_tokens
 from .sampling import Sampling, next_tokens, probabilities
 from .schedule import Schedule
 from .trace import StepRecord, Trace
@@ -120,17 +120,13 @@ class Verified:
             raise ValueError(f"verified decoding runs one prompt at a time (batch 1); got {len(prompts)}")
         if beam is not None and beam.width > 1:
             raise ValueError("verified decoding does not search beams")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+        check_new_tokens(max_new_tokens)
         L = self.num_layers
         schedule = schedule or Schedule.full(L)
         if schedule.num_layers != L:
             raise ValueError(f"schedule is for {schedule.num_layers} layers but the model has {L}")
         ids = self.encode(prompts[0], chat)
-        P, width = len(ids), len(ids) + max_new_tokens
-        if width > self.decoder.max_positions:
-            raise ValueError(f"prompt of {P} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                             f"context of {self.decoder.max_positions} tokens")
+        P, width = len(ids), cache_width(self.decoder, len(ids), max_new_tokens)
         draft_dec, verify_dec = self.draft.decoder, self.verifier.decoder
         column = Scheduled(schedule)
         draft_cache, verify_cache = (_cache(dec, width) for dec in (draft_dec, verify_dec))
