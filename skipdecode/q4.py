@@ -138,6 +138,26 @@ class Int4Linear:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def product(blocks: Q4Blocks, activations: torch.dtype = ACTIVATIONS):
+    """The product a matrix of blocks runs on: the int8-activation kernel (skipdecode/q8.py) when
+    $SKIPDECODE_KERNEL picks it and it builds, else PyTorch's int4 kernel on `activations`."""
+    from . import q8
+
+    if activations == ACTIVATIONS and q8.chosen():
+        return q8.Q8Linear.of(blocks)
+    return Int4Linear.of(blocks, activations)
+
+
+def q8_why() -> str:
+    """Why the int8 kernel is not running, as a clause for the weights' label ("" when it was not asked)."""
+    from . import q8
+
+    if q8.setting() == "bf16":
+        return f": {q8.KERNEL_ENV}=bf16"
+    reason = q8.kernel().reason
+    return f": {reason}" if reason else ""
+
+
 def lora_term(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """y + (x a) b for rows x [M, K], each row's bits those of the row alone. A float32 matmul of 4 rows or
     more takes another kernel than one row (its sums run in another order), so a row in a batch, a prefill's
@@ -157,7 +177,7 @@ class RescoredHead:
     the 4-bit screen's values (their probabilities are tiny next to the best tokens')."""
 
     def __init__(self, exact: torch.Tensor, activations: torch.dtype = ACTIVATIONS, rescore: int = RESCORE):
-        self.exact, self.screen, self.rescore = exact, Int4Linear.of(quantize(exact), activations), rescore
+        self.exact, self.screen, self.rescore = exact, product(quantize(exact), activations), rescore
         self.bias = None
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
@@ -212,9 +232,9 @@ def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dt
         found = q4_1_blocks(tensors[name].data)
         return unpermute_rows(found, heads) if heads else found
 
-    def fused(*parts: Q4Blocks) -> Int4Linear:
-        return Int4Linear.of(Q4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "d", "m"))),
-                             activations)
+    def fused(*parts: Q4Blocks):
+        return product(Q4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "d", "m"))),
+                       activations)
 
     layers = []
     for i in range(config.num_hidden_layers):
@@ -230,8 +250,12 @@ def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dt
     else:
         head_rows = embedding
     head = RescoredHead(head_rows, activations)
-    kind = "bfloat16" if activations == torch.bfloat16 else "float32"
-    label = f"int4 (GGUF Q4_1) weights, {kind} activations; head int4 + float32 top-{RESCORE}"
+    if isinstance(head.screen, Int4Linear):
+        kind = "bfloat16" if activations == torch.bfloat16 else "float32"
+        products = f"{kind} activations (PyTorch's int4 kernel{q8_why()})"
+    else:
+        products = f"int8 activations (Q8_1 blocks, {head.screen.isa} kernel)"
+    label = f"int4 (GGUF Q4_1) weights, {products}; head int4 + float32 top-{RESCORE}"
     return GGUFWeights(layers, head, label)
 
 

@@ -1,0 +1,182 @@
+"""The 4-bit products with int8 activations, as llama.cpp computes them: skipdecode/q8.c, built once per
+CPU with the host's C compiler into the model cache and called through ctypes.
+
+PyTorch's int4 kernel (q4.Int4Linear) rounds each product's inputs to bfloat16 and the blocks' scales too,
+and on this project's CPU it took about 4 ms of a 7.7 ms full-depth step (docs/speed.md). llama.cpp
+quantizes the activations to int8 per block of 32 (Q8_1) and multiplies them with the 4-bit codes in
+integer instructions (VNNI). This kernel does the same on the GGUF's Q4_1 blocks byte for byte (their
+float16 scale and minimum exact), and keeps every row's bits whatever the batch (q8.c says how).
+
+$SKIPDECODE_KERNEL chooses: "auto" (this kernel where it builds, else PyTorch's), "q8" (this kernel, or an
+error saying why not), "bf16" (PyTorch's int4 kernel on bfloat16 inputs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from .models import cache_dir
+from .q4 import GROUP, Q4Blocks, lora_term
+
+KERNEL_ENV = "SKIPDECODE_KERNEL"
+SETTINGS = ("auto", "q8", "bf16")
+SOURCE = Path(__file__).with_name("q8.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+
+
+def setting() -> str:
+    value = os.environ.get(KERNEL_ENV, "auto").strip() or "auto"
+    if value not in SETTINGS:
+        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(SETTINGS)}; got {value!r}")
+    return value
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu() -> str:
+    """What -march=native depends on: the machine and the CPU's feature flags."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return platform.machine() + flags
+
+
+def build(cc: str) -> Path:
+    """The shared library for this source, compiler and CPU: built once into the model cache (written to
+    a temporary name and renamed, so that two processes starting together cannot load half a file)."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu()]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"q8-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return target
+
+
+class Kernel:
+    """The loaded library, or why there is none (`reason`)."""
+
+    def __init__(self):
+        self.lib, self.reason, self.isa = None, None, None
+        cc = compiler()
+        if platform.machine() not in ("x86_64", "AMD64"):
+            self.reason = f"the int8 kernel is for x86-64 CPUs, not {platform.machine()}"
+        elif cc is None:
+            self.reason = "no C compiler (install gcc or set CC)"
+        else:
+            try:
+                lib = ctypes.CDLL(str(build(cc)))  # after torch: its libgomp.so.1 serves the kernel's threads
+            except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                self.reason = f"the int8 kernel did not build: {str(error)[:200]}"
+            else:
+                lib.q8_matmul.restype = ctypes.c_int
+                lib.q8_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p,
+                                                                                        ctypes.c_int64, ctypes.c_void_p]
+                lib.q8_isa.restype = ctypes.c_char_p
+                self.lib, self.isa = lib, lib.q8_isa().decode()
+
+
+_KERNEL: list[Kernel] = []
+_LOCK = threading.Lock()
+
+
+def kernel() -> Kernel:
+    """The process's one Kernel (built or loaded on first use)."""
+    with _LOCK:
+        if not _KERNEL:
+            _KERNEL.append(Kernel())
+        return _KERNEL[0]
+
+
+def chosen() -> bool:
+    """Whether the 4-bit products run on this kernel ($SKIPDECODE_KERNEL); "q8" without it raises."""
+    value = setting()
+    if value == "bf16":
+        return False
+    found = kernel()
+    if found.lib is None and value == "q8":
+        raise RuntimeError(f"{KERNEL_ENV}=q8: {found.reason}")
+    return found.lib is not None
+
+
+def layout(blocks: Q4Blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Blocks in the kernel's layout (q8.c): per row the codes of each pair of blocks as 32 bytes (block 2p
+    in the low nibbles, 2p+1 in the high ones), then the blocks' d and m as float16 (exact: the file's own
+    float16 values). An odd count of blocks gains a zero block."""
+    N, K = blocks.codes.shape
+    nb = K // GROUP
+    codes, d, m = blocks.codes.view(N, nb, GROUP), blocks.d, blocks.m
+    if nb % 2:
+        codes = torch.cat((codes, torch.zeros(N, 1, GROUP, dtype=codes.dtype)), dim=1)
+        d, m = (torch.cat((t, torch.zeros(N, 1)), dim=1) for t in (d, m))
+    pairs = codes.view(N, -1, 2, GROUP)
+    packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(N, -1).contiguous()
+    return packed, d.half().contiguous(), m.half().contiguous()
+
+
+class Q8Linear:
+    """y = x W^T (+ (x A) B) with W as the GGUF's Q4_1 blocks and x quantized to int8 per block of 32 inside
+    the kernel. Inputs and outputs float32; the LoRA term (q4.lora_term) stays float32."""
+
+    def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, in_features: int, lora=None, lib=None):
+        self.codes, self.d, self.m, self.in_features, self.lora = codes, d, m, in_features, lora
+        self.out_features, self.bias = codes.shape[0], None
+        self.lib = lib if lib is not None else kernel().lib
+        if self.lib is None:
+            raise RuntimeError(kernel().reason)
+        self.isa = kernel().isa
+
+    @classmethod
+    def of(cls, blocks: Q4Blocks) -> "Q8Linear":
+        return cls(*layout(blocks), blocks.codes.shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        if self.lib.q8_matmul(self.codes.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features, self.in_features, x.data_ptr(),
+                              x.shape[0], y.data_ptr()):
+            raise MemoryError("the int8 kernel could not allocate its scratch rows")
+        if self.lora is not None:
+            y = lora_term(y, x, *self.lora)
+        return y.view(*shape[:-1], self.out_features)
+
+    def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> "Q8Linear":
+        return Q8Linear(self.codes, self.d, self.m, self.in_features, (a, b), self.lib)
+
+    def rows(self, start: int) -> "Q8Linear":
+        """Outputs start.. only (a view: every row is its own run of blocks)."""
+        lora = None if self.lora is None else (self.lora[0], self.lora[1][:, start:])
+        return Q8Linear(self.codes[start:], self.d[start:], self.m[start:], self.in_features, lora, self.lib)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.codes, self.d, self.m, *(self.lora or ()))
+        return sum(t.numel() * t.element_size() for t in tensors)
