@@ -154,7 +154,7 @@ def q8_why() -> str:
 
     if q8.setting() == "bf16":
         return f": {q8.KERNEL_ENV}=bf16"
-    reason = q8.kernel().reason
+    reason = q8.library().reason
     return f": {reason}" if reason else ""
 
 
@@ -203,13 +203,14 @@ class GGUFWeights:
     head: RescoredHead
     label: str
     adapter: str | None = None
+    attention: object = None  # native.attention beside the int8 kernel's products, else None (float64 SDPA)
 
     def with_adapter(self, name: str, factors: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]) -> "GGUFWeights":
         """The same packed matrices with an adapter's LoRA factors beside them (`lora_factors`)."""
         blocks = [tuple(lin.with_lora(*layer[kind]) if kind in layer else lin
                         for kind, lin in zip(("qkv", "out", "up", "down"), linears))
                   for linears, layer in zip(self.blocks, factors)]
-        return GGUFWeights(blocks, self.head, f"{self.label}; LoRA unmerged", name)
+        return GGUFWeights(blocks, self.head, f"{self.label}; LoRA unmerged", name, self.attention)
 
 
 def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dtype = ACTIVATIONS) -> GGUFWeights:
@@ -250,13 +251,16 @@ def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dt
     else:
         head_rows = embedding
     head = RescoredHead(head_rows, activations)
+    attention = None
     if isinstance(head.screen, Int4Linear):
         kind = "bfloat16" if activations == torch.bfloat16 else "float32"
         products = f"{kind} activations (PyTorch's int4 kernel{q8_why()})"
     else:
-        products = f"int8 activations (Q8_1 blocks, {head.screen.isa} kernel)"
+        from .native import attention
+
+        products = f"int8 activations (Q8_1 blocks, {head.screen.isa} kernel), float32 row-exact attention"
     label = f"int4 (GGUF Q4_1) weights, {products}; head int4 + float32 top-{RESCORE}"
-    return GGUFWeights(layers, head, label)
+    return GGUFWeights(layers, head, label, attention=attention)
 
 
 def lora_factors(folder: Path, num_layers: int) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:

@@ -1,5 +1,5 @@
-"""The 4-bit products with int8 activations, as llama.cpp computes them: skipdecode/q8.c, built once per
-CPU with the host's C compiler into the model cache and called through ctypes.
+"""The 4-bit products with int8 activations, as llama.cpp computes them: skipdecode/q8.c (built and loaded
+by skipdecode/native.py).
 
 PyTorch's int4 kernel (q4.Int4Linear) rounds each product's inputs to bfloat16 and the blocks' scales too,
 and on this project's CPU it took about 4 ms of a 7.7 ms full-depth step (docs/speed.md). llama.cpp
@@ -13,25 +13,15 @@ error saying why not), "bf16" (PyTorch's int4 kernel on bfloat16 inputs).
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 
 import torch
 
-from .models import cache_dir
+from .native import library
 from .q4 import GROUP, Q4Blocks, lora_term
 
 KERNEL_ENV = "SKIPDECODE_KERNEL"
 SETTINGS = ("auto", "q8", "bf16")
-SOURCE = Path(__file__).with_name("q8.c")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 
 
 def setting() -> str:
@@ -41,84 +31,12 @@ def setting() -> str:
     return value
 
 
-def compiler() -> str | None:
-    for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _cpu() -> str:
-    """What -march=native depends on: the machine and the CPU's feature flags."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return platform.machine() + flags
-
-
-def build(cc: str) -> Path:
-    """The shared library for this source, compiler and CPU: built once into the model cache (written to
-    a temporary name and renamed, so that two processes starting together cannot load half a file)."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu()]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"q8-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-            if done.returncode:
-                raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    return target
-
-
-class Kernel:
-    """The loaded library, or why there is none (`reason`)."""
-
-    def __init__(self):
-        self.lib, self.reason, self.isa = None, None, None
-        cc = compiler()
-        if platform.machine() not in ("x86_64", "AMD64"):
-            self.reason = f"the int8 kernel is for x86-64 CPUs, not {platform.machine()}"
-        elif cc is None:
-            self.reason = "no C compiler (install gcc or set CC)"
-        else:
-            try:
-                lib = ctypes.CDLL(str(build(cc)))  # after torch: its libgomp.so.1 serves the kernel's threads
-            except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-                self.reason = f"the int8 kernel did not build: {str(error)[:200]}"
-            else:
-                lib.q8_matmul.restype = ctypes.c_int
-                lib.q8_matmul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p,
-                                                                                        ctypes.c_int64, ctypes.c_void_p]
-                lib.q8_isa.restype = ctypes.c_char_p
-                self.lib, self.isa = lib, lib.q8_isa().decode()
-
-
-_KERNEL: list[Kernel] = []
-_LOCK = threading.Lock()
-
-
-def kernel() -> Kernel:
-    """The process's one Kernel (built or loaded on first use)."""
-    with _LOCK:
-        if not _KERNEL:
-            _KERNEL.append(Kernel())
-        return _KERNEL[0]
-
-
 def chosen() -> bool:
     """Whether the 4-bit products run on this kernel ($SKIPDECODE_KERNEL); "q8" without it raises."""
     value = setting()
     if value == "bf16":
         return False
-    found = kernel()
+    found = library()
     if found.lib is None and value == "q8":
         raise RuntimeError(f"{KERNEL_ENV}=q8: {found.reason}")
     return found.lib is not None
@@ -146,10 +64,10 @@ class Q8Linear:
     def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, in_features: int, lora=None, lib=None):
         self.codes, self.d, self.m, self.in_features, self.lora = codes, d, m, in_features, lora
         self.out_features, self.bias = codes.shape[0], None
-        self.lib = lib if lib is not None else kernel().lib
+        self.lib = lib if lib is not None else library().lib
         if self.lib is None:
-            raise RuntimeError(kernel().reason)
-        self.isa = kernel().isa
+            raise RuntimeError(library().reason)
+        self.isa = library().isa
 
     @classmethod
     def of(cls, blocks: Q4Blocks) -> "Q8Linear":

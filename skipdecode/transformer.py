@@ -125,6 +125,9 @@ class Decoder:
         # instead (docs/speed.md, "What is left after the products"): faster decoding at batch 1, slower
         # prefills and batches.
         self.attention_dtype = torch.float64 if weights is not None else None
+        # ... unless the weights bring a row-exact float32 attention (skipdecode/attention.c, beside the int8
+        # kernel's products): the same bits alone and in a batch without the float64 detour.
+        self.attention_kernel = getattr(weights, "attention", None)
         if weights is not None and self.family != "llama":
             raise ValueError("GGUF weights run the llama family only")
         with torch.no_grad():  # fused weights must not carry autograd history
@@ -292,6 +295,8 @@ class Decoder:
         """Attention of q [B, H, S, hd] over keys and values [B, Hkv, T, hd] under the additive mask
         [B, 1, S, T] (None: every column), in `attention_dtype` where one is set, else in the cache's dtype
         (see cache_dtype); returned in the cache's dtype."""
+        if self.attention_kernel is not None and not torch.compiler.is_compiling():
+            return self.attention_kernel(q, keys, values, mask)
         wide = self.attention_dtype or keys.dtype
         attn = F.scaled_dot_product_attention(q.to(wide), keys.to(wide), values.to(wide),
                                               attn_mask=None if mask is None else mask.to(wide), enable_gqa=self.gqa)

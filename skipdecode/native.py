@@ -1,0 +1,127 @@
+"""The CPU path's C kernels (q8.c: the 4-bit products on int8 activations; attention.c: float32 attention
+with row-exact sums), built once per CPU and compiler with the host's C compiler into the model cache
+($SKIPDECODE_CACHE/kernels) and called through ctypes. A host with no compiler, or where the build fails,
+runs PyTorch's kernels and says why (`Library.reason`, in the weights' label)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch  # first: its libgomp.so.1 is the one the kernels' OpenMP threads then share
+
+from .models import cache_dir
+
+SOURCES = [Path(__file__).with_name(name) for name in ("q8.c", "attention.c")]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES = {"q8_matmul": [_P, _P, _P, _I, _I, _P, _I, _P],
+              "attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I]}
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu() -> str:
+    """What -march=native depends on: the machine and the CPU's feature flags."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return platform.machine() + flags
+
+
+def build(cc: str) -> tuple[Path, bool]:
+    """The shared library for these sources, this compiler and this CPU, and whether this call built it:
+    built once into the model cache (written under a temporary name and renamed, so that two processes
+    starting together never load half a file)."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    text = "\0".join([*(s.read_text() for s in SOURCES), " ".join(FLAGS), version, _cpu()])
+    target = cache_dir() / "kernels" / f"skipdecode-{hashlib.sha256(text.encode()).hexdigest()[:16]}.so"
+    if target.exists():
+        return target, False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-lm", "-o", tmp], capture_output=True, text=True)
+        if done.returncode:
+            lines = done.stderr.strip().splitlines()
+            raise RuntimeError(next((l for l in lines if "error" in l), lines[-1] if lines else "failed"))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target, True
+
+
+class Library:
+    """The loaded kernels, or why there are none (`reason`); `built`: whether this process compiled them."""
+
+    def __init__(self, cc: str | None = None):
+        self.lib = self.reason = self.isa = None
+        self.built = False
+        cc = cc or compiler()
+        if platform.machine() not in ("x86_64", "AMD64"):
+            self.reason = f"the C kernels are for x86-64 CPUs, not {platform.machine()}"
+            return
+        if cc is None:
+            self.reason = "no C compiler (install gcc or set CC)"
+            return
+        try:
+            path, self.built = build(cc)
+            lib = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            self.reason = f"the C kernels did not build: {str(error)[:200]}"
+            return
+        for name, args in SIGNATURES.items():
+            getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, args
+        lib.q8_isa.restype = ctypes.c_char_p
+        self.lib, self.isa = lib, lib.q8_isa().decode()
+
+
+_LIBRARY: list[Library] = []
+_LOCK = threading.Lock()
+
+
+def library() -> Library:
+    """The process's one Library (built or loaded on first use)."""
+    with _LOCK:
+        if not _LIBRARY:
+            _LIBRARY.append(Library())
+        return _LIBRARY[0]
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + mask) v for q [B, H, S, hd], keys and values [B, Hkv, T, hd] (float32, the
+    last dimension contiguous) and the additive mask [B, 1, S, T] or None, row by row (attention.c). The
+    result is [B, H, S, hd] as a view of a [B, S, H, hd] tensor: the caller's transpose back is free."""
+    B, H, S, hd = q.shape
+    Hkv, T = keys.shape[1], keys.shape[2]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if mask is not None:
+        mask = mask.expand(B, 1, S, T)
+        if mask.stride(-1) != 1:
+            mask = mask.contiguous()
+    out = torch.empty(B, S, H, hd).transpose(1, 2)
+    qs, ks, os_ = q.stride(), keys.stride(), out.stride()
+    if keys.stride() != values.stride() or keys.stride(-1) != 1:
+        raise ValueError("keys and values must share their strides, the last dimension contiguous")
+    ms = (0, 0) if mask is None else (mask.stride(0), mask.stride(2))
+    if library().lib.attention(q.data_ptr(), qs[0], qs[1], qs[2], keys.data_ptr(), values.data_ptr(), ks[0], ks[1],
+                               ks[2], 0 if mask is None else mask.data_ptr(), *ms, out.data_ptr(), os_[0], os_[1],
+                               os_[2], B, H, Hkv, S, T, hd):
+        raise MemoryError("the attention kernel could not allocate its scratch rows")
+    return out
