@@ -34,6 +34,10 @@ OPTIONS = {"cpp_wrapper": True}  # the graph's calls from C++ instead of Python 
 # and slower at batch 16 (36.9-39.5 against 28.3-31.9 ms), and costs 19-29 s of compiling on a cold start
 # (docs/speed.md, "The compiled CPU decode step"). A host whose CPU it pays on sets SKIPDECODE_COMPILE=on.
 AUTO_EAGER = "the compiled step did not pay on the CPU measured (SKIPDECODE_COMPILE=on compiles it)"
+# The int8 kernel and the C attention (skipdecode/native.py) are ctypes calls that dynamo cannot trace; by
+# measurement they gain more than compiling did (docs/speed.md, "The int8 kernel and row-exact attention").
+NATIVE_EAGER = ("the compiled step traces PyTorch's int4 kernel, not the C kernels "
+                "(SKIPDECODE_KERNEL=bf16 with SKIPDECODE_COMPILE=on compiles it)")
 RECOMPILE_LIMIT = 64  # graphs per process: batch sizes x cache widths x LoRA patterns
 log = logging.getLogger("skipdecode")
 
@@ -53,6 +57,8 @@ def why_not(dec: Decoder, value: str) -> str | None:
         return "compiled step is for the CPU (a GPU runs CUDA graphs)"
     if value == "auto":
         return AUTO_EAGER
+    if getattr(dec.weights, "attention", None) is not None:
+        return NATIVE_EAGER
     if not compiler():
         return "no C++ compiler (install g++ or set CXX)"
     return None

@@ -20,23 +20,28 @@ BATCH = [[1, 17, 43, 99, 5], [1, 250, 7], [1, 8, 9, 10, 11, 12, 13, 14]]  # left
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_int4(layers: int = 6, lora: int = 0) -> Engine:
-    """A random Llama on the 4-bit path: its matrices quantized to Q4_1-style blocks, packed for the int4
-    kernel; with `lora`, a random rank-`lora` adapter unmerged on the fused query/key/value product."""
+def tiny_int4(layers: int = 6, lora: int = 0, c_kernels: bool = False) -> Engine:
+    """A random Llama on the 4-bit path: its matrices quantized to Q4_1-style blocks, packed for PyTorch's
+    int4 kernel, or with `c_kernels` for the int8 kernel beside the C attention (skipdecode/native.py); with
+    `lora`, a random rank-`lora` adapter unmerged on the fused query/key/value product."""
+    from skipdecode import native, q8
+
     model = tiny_model("llama", layers=layers)
     blocks = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
 
         def int4(*linears):
-            return q4.Int4Linear.of(q4.quantize(torch.cat([lin.weight.detach() for lin in linears])))
+            found = q4.quantize(torch.cat([lin.weight.detach() for lin in linears]))
+            return q8.Q8Linear.of(found) if c_kernels else q4.Int4Linear.of(found)
 
         qkv = int4(a.q_proj, a.k_proj, a.v_proj)
         if lora:
             qkv = qkv.with_lora(torch.randn(qkv.in_features, lora) * 0.1, torch.randn(lora, qkv.out_features) * 0.1)
         blocks.append((qkv, int4(a.o_proj), int4(m.gate_proj, m.up_proj), int4(m.down_proj)))
     head = q4.RescoredHead(model.get_output_embeddings().weight.detach(), rescore=16)
-    return Engine(model, IdTokenizer(), weights=q4.GGUFWeights(blocks, head, "int4 (tiny)"))
+    weights = q4.GGUFWeights(blocks, head, "int4 (tiny)", attention=native.attention if c_kernels else None)
+    return Engine(model, IdTokenizer(), weights=weights)
 
 
 def decode(engine, compile, policy=None, batch=BATCH, tokens=12, stop=True):
@@ -97,6 +102,14 @@ def test_without_a_compiler_the_eager_step_runs_and_says_why(monkeypatch):
     assert engine._steps is None or engine._steps.compiled.fn is None
 
 
+def test_the_c_kernels_run_the_eager_step_and_say_why():
+    """ctypes calls are opaque to dynamo: a decoder on the C kernels steps eagerly under "on" and says so."""
+    engine = tiny_int4(c_kernels=True)
+    want = decode(engine, "off")
+    assert decode(engine, "on") == want
+    assert engine.step_label == f"eager step: {compiled.NATIVE_EAGER}"
+
+
 def test_a_failed_compile_falls_back_to_the_eager_step(monkeypatch):
     engine = tiny_int4()
     want = decode(engine, "off")
@@ -135,9 +148,13 @@ def test_a_second_process_reuses_the_compiled_graphs_on_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_bundled_compiled_step_decodes_what_the_eager_step_decodes():
-    """The default model on its 4-bit path: the tokens behind the published tables (eager step) come out of
-    the compiled step too, full depth and SkipDecode, in a padded batch and alone."""
+def test_bundled_compiled_step_decodes_what_the_eager_step_decodes(monkeypatch):
+    """The default model on its 4-bit path with PyTorch's int4 kernel (what the compiled step traces): the
+    eager step's tokens come out of the compiled step too, full depth and SkipDecode, in a padded batch and
+    alone."""
+    from skipdecode import q8
+
+    monkeypatch.setenv(q8.KERNEL_ENV, "bf16")
     engine = Engine.load(dtype=q4.INT4)
     prompts = [*PROMPTS, "Write a haiku about the sea."]
     for schedule in (None, for_speedup(3, engine.num_layers, horizon=32)):

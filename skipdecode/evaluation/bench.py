@@ -200,6 +200,7 @@ class Case:
     batch_size: int
     policy: object  # a Schedule or a peers.EarlyExit
     step: str = "default"  # the decode step (STEPS): the engine's own, or eager or compiled
+    kernel: str = "default"  # the 4-bit products' kernel (KERNELS): the engine's own, or q8 or bf16
     label: str = ""  # the step as it ran (Engine.step_label: a failed compile runs eagerly and says so)
     samples: list = field(default_factory=list)  # (total_ms, first_token_ms, decode_ms per step)
     generation: object = None
@@ -208,6 +209,27 @@ class Case:
 
 
 STEPS = {"default": None, "eager": ("auto", "off"), "compiled": ("auto", "on")}  # (engine.graphs, engine.compile)
+
+
+KERNELS = ("default", "q8", "bf16")  # $SKIPDECODE_KERNEL's settings (skipdecode/q8.py); default: as loaded
+
+
+def kernel_decoders(engine, kernels, load) -> dict:
+    """A decoder for each kernel named (`load()` makes an engine under the current $SKIPDECODE_KERNEL):
+    the engine's own for "default", one on each other kernel's base beside it, for timing in turns."""
+    from ..q8 import KERNEL_ENV
+
+    decoders = {"default": engine.decoder}
+    for kernel in kernels:
+        if kernel in decoders:
+            continue
+        before = os.environ.get(KERNEL_ENV)
+        os.environ[KERNEL_ENV] = kernel
+        try:
+            decoders[kernel] = load().decoder
+        finally:
+            os.environ.pop(KERNEL_ENV) if before is None else os.environ.__setitem__(KERNEL_ENV, before)
+    return decoders
 
 
 def use_step(engine, step: str) -> str:
@@ -275,10 +297,11 @@ def agreement(ids: list[list[int]], full: list[list[int]], eos_ids) -> float:
 # ---- the run --------------------------------------------------------------------------------------
 def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tokens=64, repeats=5,
         warmup_rounds=1, hf=True, peer=True, peer_measure="state", progress=None, labels=None, llamacpp=None,
-        steps=("default",)):
+        steps=("default",), decoders=None):
     """All cases of one benchmark; returns (rows, goals). `items`: E2E items (data.Item), at least as
     many as the largest batch; a batch of B takes the first B. `labels` go into every row of ours.
-    `steps`: the decode steps (STEPS) every case runs with, in turns.
+    `steps`: the decode steps (STEPS) every case runs with, in turns; `decoders` (kernel_decoders): the
+    product kernels every case runs on, in turns.
     `llamacpp` (a llamacpp.LlamaCpp) adds its row: the first prompt, batch 1, full depth, in the same rounds."""
     import torch
 
@@ -291,8 +314,9 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
         speedups = (1, *speedups)  # every measured speedup is against full decoding in the same run
     ids = [engine.encode(item.prompt) for item in items]
     schedules = {s: Schedule.full(L) if s == 1 else for_speedup(s, L, horizon=new_tokens) for s in speedups}
-    cases = [Case("full" if s == 1 else "skipdecode", s, b, schedules[s], step)
-             for step in steps for s in speedups for b in batch_sizes]
+    decoders = decoders or {"default": engine.decoder}
+    cases = [Case("full" if s == 1 else "skipdecode", s, b, schedules[s], step, kernel)
+             for kernel in decoders for step in steps for s in speedups for b in batch_sizes]
     if peer:
         biggest = ids[: max(batch_sizes)]
         for s in speedups:
@@ -302,7 +326,8 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
             say(f"calibrating the early-exit peer to {target:.2f} layers per token ({s}x)")
             policy, reached = calibrate(engine, biggest, target, new_tokens, measure=peer_measure)
             say(f"  threshold {policy.threshold:.5f}: {reached:.2f} layers per token")
-            cases += [Case("early_exit_peer", s, b, policy, step) for step in steps for b in batch_sizes]
+            cases += [Case("early_exit_peer", s, b, policy, step, kernel) for kernel in decoders for step in steps
+                      for b in batch_sizes]
 
     timed = cases + [Case(METHOD, 1, 1, llamacpp)] if llamacpp is not None else cases
     weight_bytes = Reads.of(engine.decoder).weights(L)
@@ -319,9 +344,10 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
                 if counted:
                     case.samples.append(sample)
                 continue
+            engine.decoder = decoders[case.kernel]
             use_step(engine, case.step)
             sample, generation = time_engine(engine, ids[: case.batch_size], case.policy, new_tokens)
-            case.label = engine.step_label
+            case.label = engine.step_label + (f"; {engine.weights_label}" if len(decoders) > 1 else "")
             if counted:
                 case.samples.append(sample)
             case.generation = generation
@@ -332,6 +358,7 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
                     case.hf.append((total, first))
                 case.hf_tokens = tokens
     del probe
+    engine.decoder = decoders["default"]
     rows, _ = summarize(engine, items, cases, new_tokens, peer_measure, labels or {}, max(bandwidth))
     if llamacpp is not None:
         rows = with_llamacpp(rows, llamacpp_row(engine, timed[-1], cases, new_tokens, max(bandwidth)))
@@ -347,10 +374,10 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
     cost, reads = CostModel.of(engine.decoder), Reads.of(engine.decoder)
     dtype = engine.decoder.dtype
     L, eos = engine.num_layers, engine.eos_ids
-    full = {(c.step, c.batch_size): c for c in cases if c.method == "full"}
+    full = {(c.step, c.kernel, c.batch_size): c for c in cases if c.method == "full"}
     biggest = {}
     for case in cases:  # quality is scored on the largest batch of each method, speedup and step
-        key = (case.method, case.speedup, case.step)
+        key = (case.method, case.speedup, case.step, case.kernel)
         if key not in biggest or case.batch_size > biggest[key].batch_size:
             biggest[key] = case
     rows = []
@@ -366,12 +393,12 @@ def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth)
             layers = trace.average_layers
         bound = cost.bound(L, trace.prompt_tokens, per_step)
         floor = reads.floor_ms(trace.prompt_tokens, per_step, bandwidth)
-        base = full[(case.step, B)]
+        base = full[(case.step, case.kernel, B)]
         base_ms = statistics.median(sorted(s[2] for s in base.samples))
         base_total = statistics.median(sorted(s[0] for s in base.samples))
         total = statistics.median(s[0] for s in case.samples)
-        scored = biggest[(case.method, case.speedup, case.step)].generation
-        reference = biggest[("full", 1, case.step)].generation.token_ids
+        scored = biggest[(case.method, case.speedup, case.step, case.kernel)].generation
+        reference = biggest[("full", 1, case.step, case.kernel)].generation.token_ids
         texts = [engine.tokenizer.decode(cut_at_eos(t, eos), skip_special_tokens=True) for t in scored.token_ids]
         row = {
             "method": case.method, "dtype": dtype_name(dtype), "device": engine.decoder.device.type, **labels,
@@ -667,6 +694,13 @@ def cmd_bench(args) -> int:
     steps = tuple(dict.fromkeys(s.strip() for s in args.step.split(",") if s.strip()))
     if not steps or any(s not in STEPS for s in steps):
         raise ValueError(f"--step takes a comma-separated list of {', '.join(STEPS)}; got {args.step!r}")
+    kernels = tuple(dict.fromkeys(k.strip() for k in args.kernel.split(",") if k.strip()))
+    if not kernels or any(k not in KERNELS for k in kernels):
+        raise ValueError(f"--kernel takes a comma-separated list of {', '.join(KERNELS)}; got {args.kernel!r}")
+    if kernels != ("default",) and engine.decoder.weights is None:
+        raise ValueError("--kernel compares the 4-bit path's product kernels; this run is not on it")
+    decoders = kernel_decoders(engine, kernels, lambda: Engine.load(args.model, device=args.device, dtype=args.dtype,
+                                                                       adapter=args.adapter))
     dtype = dtype_name(engine.decoder.dtype)
     labels = {"weights": getattr(engine, "weights_label", dtype), "packed": engine.decoder.pack,
               "compiled": args.compile, "cuda_graphs": engine.decoder.device.type == "cuda" and args.graphs != "off"}
@@ -675,7 +709,7 @@ def cmd_bench(args) -> int:
     llamacpp = None if args.no_llamacpp else open_llamacpp(engine, items, batch_sizes, args.new_tokens, say)
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
-                          labels=labels, llamacpp=llamacpp, steps=steps)
+                          labels=labels, llamacpp=llamacpp, steps=steps, decoders=decoders)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
               "date": time.strftime("%Y-%m-%d"), "dtype": dtype, "weights": labels["weights"],
               "precision": precision_reason(engine.decoder.device) if args.dtype == "auto" else f"{dtype}: --dtype",
@@ -759,6 +793,10 @@ def register(subparsers) -> None:
     bench.add_argument("--no-pack", action="store_true", help="plain F.linear instead of oneDNN-packed weights")
     bench.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
                        help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)")
+    bench.add_argument("--kernel", default="default",
+                       help="4-bit product kernels to time in turns, comma-separated: default (the engine's own: "
+                            "$SKIPDECODE_KERNEL), q8 (skipdecode/q8.c), bf16 (PyTorch's int4 kernel); each row "
+                            "names its weights")
     bench.add_argument("--step", default="default",
                        help="decode steps to time in turns, comma-separated: default (the engine's own: "
                             "$SKIPDECODE_COMPILE), eager, compiled (skipdecode/compiled.py); each row names its step")

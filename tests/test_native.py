@@ -1,0 +1,187 @@
+"""The CPU path's C kernels (skipdecode/native.py): the Q4_1 x int8 products (q8.c) against the same
+arithmetic written in NumPy and against the float product, the file's blocks held exactly, every row's bits
+whatever the batch; the float32 attention (attention.c) against float64 SDPA and row-exact under padding and
+in a prefill; the library built once per cache and reused by another process; no compiler or a failed
+build gives PyTorch's kernels and says why."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
+
+from skipdecode import native, q4, q8
+
+pytestmark = pytest.mark.skipif(native.library().lib is None, reason=f"no C kernels here: {native.library().reason}")
+
+
+def random_blocks(n: int, k: int, seed: int = 0) -> q4.Q4Blocks:
+    rng = np.random.default_rng(seed)
+    return q4.q4_1_blocks(quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, T.Q4_1))
+
+
+def reference(blocks: q4.Q4Blocks, x: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's Q4_1 x Q8_1 product in float64 from the kernel's own quantized activations: per block
+    d_x = max|x| / 127, q_x = round-half-even(x / d_x) (float32, as the kernel), then
+    sum_b d_w d_x (q_w . q_x) + m_w d_x sum(q_x)."""
+    M, K = x.shape
+    xb = x.view(M, K // 32, 32)
+    scale = xb.abs().amax(-1) / 127
+    inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
+    qx = torch.round(xb * inverse[..., None]).double()  # torch.round rounds half to even, as the kernel does
+    qw = blocks.codes.view(-1, K // 32, 32).double()
+    dots = torch.einsum("mbi,nbi->mnb", qx, qw)
+    d, m, s = blocks.d.double(), blocks.m.double(), scale.double()
+    return (dots * d[None] * s[:, None] + m[None] * (s * qx.sum(-1))[:, None]).sum(-1)
+
+
+def test_the_layout_holds_the_files_blocks_exactly():
+    blocks = random_blocks(64, 96)  # 3 blocks a row: the odd one gains a zero block
+    codes, d, m = q8.layout(blocks)
+    assert codes.shape == (64, 2 * 32) and d.dtype == torch.float16
+    assert torch.equal(d[:, :3].float(), blocks.d) and torch.equal(m[:, :3].float(), blocks.m)
+    assert not d[:, 3].any() and not m[:, 3].any()
+    pairs = codes.view(64, 2, 32)
+    unpacked = torch.cat([torch.stack((p & 15, p >> 4), 1).view(64, 64) for p in pairs.unbind(1)], 1)
+    assert torch.equal(unpacked[:, :96], blocks.codes) and not unpacked[:, 96:].any()
+
+
+@pytest.mark.parametrize("n,k", [(96, 64), (64, 96), (576, 1536), (40, 32)])
+def test_the_product_is_llama_cpps_arithmetic(n, k):
+    blocks = random_blocks(n, k)
+    x = torch.randn(5, k)
+    y = q8.Q8Linear.of(blocks)(x)
+    expected = reference(blocks, x)
+    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    exact = x.double() @ blocks.dequantize().double().t()
+    assert ((y.double() - exact).norm() / exact.norm()) < 2e-2  # int8 activations: about 7 bits a value
+
+
+def test_every_row_gets_its_bits_alone():
+    """Tiles of 8 rows, their remainders, threads and a prefill's width change nothing in a row."""
+    blocks = random_blocks(200, 576)
+    lin = q8.Q8Linear.of(blocks)
+    x = torch.randn(37, 576)
+    batch = lin(x)
+    for rows in (1, 2, 3, 7, 8, 9, 16, 37):
+        assert torch.equal(lin(x[:rows]), batch[:rows]), rows
+    assert all(torch.equal(lin(x[i:i + 1]), batch[i:i + 1]) for i in range(37))
+
+
+def test_lora_rows_and_the_head():
+    torch.manual_seed(0)
+    blocks = random_blocks(128, 64)
+    base = q8.Q8Linear.of(blocks)
+    a, b = torch.randn(64, 4) * 0.1, torch.randn(4, 128) * 0.1
+    x = torch.randn(6, 64)
+    assert torch.allclose(base.with_lora(a, b)(x), base(x) + (x @ a) @ b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(base.rows(32)(x), base(x)[:, 32:])  # the key/value rows of a fused matrix
+    assert base.nbytes == 128 * (32 + 2 * 2 * 2)  # codes, then float16 d and m of 2 blocks: 5 bits a weight
+    head = q4.RescoredHead(torch.randn(512, 64))
+    assert isinstance(head.screen, q8.Q8Linear)
+    h = torch.randn(16, 64)
+    assert all(torch.equal(head(h)[i:i + 1], head(h[i:i + 1])) for i in range(16))
+
+
+def attention_inputs(B=2, H=9, Hkv=3, S=5, T=40, hd=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, H, hd, generator=g).transpose(1, 2)  # the decoder's strides
+    cache = torch.randn(2, B, Hkv, 64, hd, generator=g)
+    return q, cache[0][:, :, :T], cache[1][:, :, :T]
+
+
+@pytest.mark.parametrize("hd", [64, 16])  # SmolLM2's heads (the vector path), and a tiny model's
+def test_attention_against_float64_sdpa(hd):
+    q, keys, values = attention_inputs(hd=hd)
+    S, T = q.shape[2], keys.shape[2]
+    allowed = torch.ones(S, T, dtype=torch.bool).tril(T - S)
+    allowed = allowed[None, None].repeat(2, 1, 1, 1)
+    allowed[1, :, :, :7] = False  # row 1 left-padded by 7 columns
+    mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+    expected = F.scaled_dot_product_attention(q.double(), keys.double(), values.double(), attn_mask=mask.double(),
+                                              enable_gqa=True)
+    assert torch.allclose(native.attention(q, keys, values, mask).double(), expected, atol=1e-6)
+    assert torch.allclose(native.attention(q, keys, values, None).double(),
+                          F.scaled_dot_product_attention(q.double(), keys.double(), values.double(), enable_gqa=True),
+                          atol=1e-6)
+
+
+def test_attention_rows_keep_their_bits_padded_and_in_a_prefill():
+    """A query decoded alone over its T columns, the same query left-padded in a wider batch, and the same
+    position as a prefill's row: the same bits (the float64 detour's purpose, without float64)."""
+    q, keys, values = attention_inputs(B=1, S=6, T=30)
+    S, T = 6, 30
+    causal = torch.zeros(S, T).masked_fill_(~torch.ones(S, T, dtype=torch.bool).tril(T - S), float("-inf"))
+    prefill = native.attention(q, keys, values, causal[None, None])
+    for s in range(S):
+        width = T - S + s + 1
+        alone = native.attention(q[:, :, s:s + 1], keys[:, :, :width], values[:, :, :width], None)
+        assert torch.equal(alone, prefill[:, :, s:s + 1]), s
+        pad = 11
+        padded_k = torch.cat((torch.randn(1, 3, pad, 64), keys[:, :, :width]), 2)
+        padded_v = torch.cat((torch.randn(1, 3, pad, 64), values[:, :, :width]), 2)
+        mask = torch.zeros(1, 1, 1, pad + width)
+        mask[..., :pad] = float("-inf")
+        assert torch.equal(native.attention(q[:, :, s:s + 1], padded_k, padded_v, mask), alone), s
+
+
+def run_python(code: str, cache, **env) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SKIPDECODE_CACHE": str(cache), **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_library_is_built_once_per_cache_and_reused(tmp_path):
+    code = "from skipdecode import native; l = native.library(); print(l.built, l.isa)"
+    first, second = run_python(code, tmp_path), run_python(code, tmp_path)
+    assert first.startswith("True") and second.startswith("False")
+    assert len(list((tmp_path / "kernels").glob("skipdecode-*.so"))) == 1
+
+
+def test_no_compiler_or_a_failed_build_runs_pytorchs_kernel(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    assert native.Library().reason == "no C compiler (install gcc or set CC)"
+    monkeypatch.setenv("SKIPDECODE_CACHE", str(tmp_path))
+    failed = native.Library(cc="false")  # `false --version` exits 1
+    assert failed.lib is None and failed.reason.startswith("the C kernels did not build")
+    monkeypatch.setattr(native, "_LIBRARY", [failed])
+    assert isinstance(q4.product(random_blocks(64, 64)), q4.Int4Linear)
+    assert q4.q8_why().startswith(": the C kernels did not build")
+    monkeypatch.setenv(q8.KERNEL_ENV, "q8")
+    with pytest.raises(RuntimeError, match="SKIPDECODE_KERNEL=q8: the C kernels did not build"):
+        q4.product(random_blocks(64, 64))
+    monkeypatch.setenv(q8.KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match="SKIPDECODE_KERNEL must be one of auto, q8, bf16"):
+        q8.setting()
+
+
+def test_bf16_asks_for_pytorchs_kernel(monkeypatch):
+    monkeypatch.setenv(q8.KERNEL_ENV, "bf16")
+    assert isinstance(q4.product(random_blocks(64, 64)), q4.Int4Linear)
+    assert q4.q8_why() == ": SKIPDECODE_KERNEL=bf16"
+
+
+def test_a_tiny_llama_on_the_c_kernels_decodes_each_row_as_alone_and_scores_what_it_decodes():
+    """The engine on the int8 kernel and the C attention: left-padded rows of a batch decode the tokens they
+    decode alone (full depth and a SkipDecode schedule), and the teacher-forced pass (the page's scores)
+    picks the tokens decoding chose."""
+    from test_compiled import BATCH, tiny_int4
+
+    from skipdecode.schedule import Schedule
+
+    engine = tiny_int4(c_kernels=True)
+    assert engine.decoder.attention_kernel is native.attention
+    for policy in (Schedule(6, 6, 3, warmup=1, horizon=12), None):
+        batch = engine.generate(BATCH, policy, max_new_tokens=12, stop_at_eos=False).token_ids
+        assert [engine.generate([row], policy, max_new_tokens=12, stop_at_eos=False).token_ids[0]
+                for row in BATCH] == batch
+    for row, answer in zip(BATCH, batch):  # full depth's answers
+        h = engine.hidden_states(torch.tensor([row + answer]))[-1][0, len(row) - 1:-1]
+        assert engine.decoder.logits(h).argmax(-1).tolist() == answer
+
