@@ -35,11 +35,12 @@ ALLOW = [
     "README.md",  # the Space's card; its front matter sets sdk, sdk_version, python_version and app_file
     ".gitattributes",  # which files the Hub stores through LFS/Xet
     "requirements.txt",  # what a Gradio Space installs
-    "packages.txt",  # the Debian packages it installs: g++, for the compiled CPU decode step
+    "packages.txt",  # the Debian packages it installs: g++ (gcc with it), for the C kernels and the compiled step
     "pyproject.toml",
     "app.py",  # the entry point: `python app.py`
     "app/*.py",
     "skipdecode/*.py",
+    "skipdecode/*.c",  # the CPU path's C kernels, built on the Space at first start (skipdecode/native.py)
     "assets/adapters/*",  # the fine-tuned adapters the app serves
     "assets/examples/*",  # the example prompts
     "assets/results/e2e.csv",  # the tables the Results tab reads (app/results.py)

@@ -42,12 +42,12 @@ def _cpu() -> str:
     return platform.machine() + flags
 
 
-def build(cc: str) -> tuple[Path, bool]:
+def build(cc: str, extra: tuple[str, ...] = ()) -> tuple[Path, bool]:
     """The shared library for these sources, this compiler and this CPU, and whether this call built it:
     built once into the model cache (written under a temporary name and renamed, so that two processes
     starting together never load half a file)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    text = "\0".join([*(s.read_text() for s in SOURCES), " ".join(FLAGS), version, _cpu()])
+    text = "\0".join([*(s.read_text() for s in SOURCES), " ".join([*FLAGS, *extra]), version, _cpu()])
     target = cache_dir() / "kernels" / f"skipdecode-{hashlib.sha256(text.encode()).hexdigest()[:16]}.so"
     if target.exists():
         return target, False
@@ -55,7 +55,7 @@ def build(cc: str) -> tuple[Path, bool]:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-lm", "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([cc, *FLAGS, *extra, *map(str, SOURCES), "-lm", "-o", tmp], capture_output=True, text=True)
         if done.returncode:
             lines = done.stderr.strip().splitlines()
             raise RuntimeError(next((l for l in lines if "error" in l), lines[-1] if lines else "failed"))
@@ -67,9 +67,10 @@ def build(cc: str) -> tuple[Path, bool]:
 
 
 class Library:
-    """The loaded kernels, or why there are none (`reason`); `built`: whether this process compiled them."""
+    """The loaded kernels, or why there are none (`reason`); `built`: whether this process compiled them.
+    `extra` compiler flags build another variant (the tests build the AVX2 forms with -mno-avx512f)."""
 
-    def __init__(self, cc: str | None = None):
+    def __init__(self, cc: str | None = None, extra: tuple[str, ...] = ()):
         self.lib = self.reason = self.isa = None
         self.built = False
         cc = cc or compiler()
@@ -80,7 +81,7 @@ class Library:
             self.reason = "no C compiler (install gcc or set CC)"
             return
         try:
-            path, self.built = build(cc)
+            path, self.built = build(cc, extra)
             lib = ctypes.CDLL(str(path))
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             self.reason = f"the C kernels did not build: {str(error)[:200]}"
@@ -103,7 +104,8 @@ def library() -> Library:
         return _LIBRARY[0]
 
 
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+              lib: Library | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd) + mask) v for q [B, H, S, hd], keys and values [B, Hkv, T, hd] (float32, the
     last dimension contiguous) and the additive mask [B, 1, S, T] or None, row by row (attention.c). The
     result is [B, H, S, hd] as a view of a [B, S, H, hd] tensor: the caller's transpose back is free."""
@@ -120,7 +122,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     if keys.stride() != values.stride() or keys.stride(-1) != 1:
         raise ValueError("keys and values must share their strides, the last dimension contiguous")
     ms = (0, 0) if mask is None else (mask.stride(0), mask.stride(2))
-    if library().lib.attention(q.data_ptr(), qs[0], qs[1], qs[2], keys.data_ptr(), values.data_ptr(), ks[0], ks[1],
+    if (lib or library()).lib.attention(q.data_ptr(), qs[0], qs[1], qs[2], keys.data_ptr(), values.data_ptr(), ks[0], ks[1],
                                ks[2], 0 if mask is None else mask.data_ptr(), *ms, out.data_ptr(), os_[0], os_[1],
                                os_[2], B, H, Hkv, S, T, hd):
         raise MemoryError("the attention kernel could not allocate its scratch rows")

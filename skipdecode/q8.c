@@ -40,6 +40,8 @@ const char *q8_isa(void) {
     return "AVX512-VNNI";
 #elif defined(WIDE)
     return "AVX512BW";
+#elif defined(__AVXVNNI__)
+    return "AVX-VNNI";
 #else
     return "AVX2";
 #endif

@@ -67,7 +67,7 @@ class Q8Linear:
         self.lib = lib if lib is not None else library().lib
         if self.lib is None:
             raise RuntimeError(library().reason)
-        self.isa = library().isa
+        self.isa = self.lib.q8_isa().decode()  # the instructions its build runs on
 
     @classmethod
     def of(cls, blocks: Q4Blocks) -> "Q8Linear":

@@ -185,3 +185,29 @@ def test_a_tiny_llama_on_the_c_kernels_decodes_each_row_as_alone_and_scores_what
         h = engine.hidden_states(torch.tensor([row + answer]))[-1][0, len(row) - 1:-1]
         assert engine.decoder.logits(h).argmax(-1).tolist() == answer
 
+
+@pytest.mark.parametrize("extra,isa", [(("-mno-avx512f",), None), (("-mno-avx512f", "-mno-avxvnni"), "AVX2")])
+def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp_path, monkeypatch):
+    """The forms a CPU without AVX-512 (or without VNNI) runs, built here with those instructions turned off:
+    the same arithmetic within float32 rounding, and every row's bits alone and in a batch."""
+    monkeypatch.setenv("SKIPDECODE_CACHE", str(tmp_path))
+    built = native.Library(extra=extra)
+    assert built.lib is not None, built.reason
+    assert built.isa in ({"AVX2", "AVX-VNNI"} if isa is None else {isa})
+    blocks = random_blocks(200, 576)
+    lin = q8.Q8Linear(*q8.layout(blocks), 576, lib=built.lib)
+    x = torch.randn(19, 576)
+    y = lin(x)
+    expected = reference(blocks, x)
+    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    assert all(torch.equal(lin(x[i:i + 1]), y[i:i + 1]) for i in range(19))
+    q, keys, values = attention_inputs(B=1, S=4, T=20)
+    causal = torch.zeros(4, 20).masked_fill_(~torch.ones(4, 20, dtype=torch.bool).tril(16), float("-inf"))
+    prefill = native.attention(q, keys, values, causal[None, None], lib=built)
+    expected = F.scaled_dot_product_attention(q.double(), keys.double(), values.double(),
+                                              attn_mask=causal[None, None].double(), enable_gqa=True)
+    assert torch.allclose(prefill.double(), expected, atol=1e-6)
+    for s in range(4):
+        alone = native.attention(q[:, :, s:s + 1], keys[:, :, :17 + s], values[:, :, :17 + s], None, lib=built)
+        assert torch.equal(alone, prefill[:, :, s:s + 1])
+

@@ -13,7 +13,6 @@ from gguf.quants import dequantize, quantize
 
 from conftest import PROMPTS
 from skipdecode import q4
-from skipdecode.evaluation.quality import common_prefix
 
 
 def random_q4_1(n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -164,17 +163,29 @@ def test_bundled_blocks_are_the_engines_float32_weights(int4):
 
 
 @pytest.mark.slow
-def test_bundled_greedy_tokens_agree_with_float32(int4, engine):
-    """The 4-bit path's greedy tokens against the float32 path's (conftest's engine): the same weights,
-    but products on bfloat16 inputs, so the two part ways after a while; the bound is the one measured."""
-    for prompt in PROMPTS:
-        ours = int4.generate([prompt], max_new_tokens=24).token_ids[0]
-        theirs = engine.generate([prompt], max_new_tokens=24).token_ids[0]
-        prefix = common_prefix(ours, theirs)
-        assert prefix >= min(PREFIX_BOUND, len(ours), len(theirs)), (prompt, prefix)
+def test_bundled_choices_agree_with_float32_outside_near_ties(int4, engine):
+    """The 4-bit path's choices against the float32 path's (conftest's engine), teacher-forced along the
+    float32 path's own answers: the same weights, but products on int8 activations (Q8_1, as llama.cpp) or
+    bfloat16 ones, so a near tie may go either way (the France prompt's first token: 'The' over "L'" on the
+    float32 path by 0.08 logits, "L'" on the int8 path). Every token the float32 path chose by more than
+    MARGIN logits must be the 4-bit path's choice too."""
+    checked = 0
+    for prompt in [*PROMPTS, "Write a haiku about the sea."]:
+        ids = engine.encode(prompt)
+        answer = engine.generate([ids], max_new_tokens=32).token_ids[0]
+        full = torch.tensor([ids + answer])
+        theirs = engine.decoder.logits(engine.hidden_states(full)[-1][0, len(ids) - 1:-1])
+        ours = int4.decoder.logits(int4.hidden_states(full)[-1][0, len(ids) - 1:-1]).argmax(-1)
+        top = theirs.topk(2, dim=-1).values
+        clear = (top[:, 0] - top[:, 1]) > MARGIN
+        assert torch.equal(ours[clear], theirs.argmax(-1)[clear]), prompt
+        checked += int(clear.sum())
+    assert checked >= 40  # most tokens are clear choices
 
 
-PREFIX_BOUND = 16  # tokens (or the whole answer); measured 2026-11-28: 19 of 32, all 8 (EOS), all 32
+# logits. Measured 2026-11-28 (these 4 prompts and 2 more, 32 tokens each): the paths parted at 10
+# of 168 tokens on the int8 kernel, the largest float32 margin among them 0.35; at 2 on PyTorch's (0.016).
+MARGIN = 1.0
 
 
 @pytest.mark.slow
