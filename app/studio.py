@@ -440,8 +440,9 @@ class Studio:
         calls of a fresh process take seconds that the first visitor should not wait for."""
         for _ in self.compare("Hello", Settings(speedup=2.0, max_new_tokens=2), self.base.label):
             pass
-        # which decode step serves (skipdecode/compiled.py: compiled by now, or eager and why), in the log
-        log.warning("decode step: %s", self.engine(self.base).step_label)
+        # which decode step and product kernel serve (skipdecode/compiled.py, skipdecode/q8.py: and why), in the log
+        engine = self.engine(self.base)
+        log.warning("decode step: %s; weights: %s", engine.step_label, engine.weights_label)
 
     # ---- Compare ----------------------------------------------------------------------------
     def _check_text(self, prompt, max_new_tokens) -> tuple[str, int]:

@@ -5,6 +5,7 @@ row-exact attention").
 
     python experiments/q8_products.py --rows 1     # batch 1
     python experiments/q8_products.py --rows 16    # a batch of 16
+    python experiments/q8_products.py --engine     # a real 64-token generation: its products' and head's share
 """
 
 import argparse
@@ -18,11 +19,45 @@ from skipdecode import q4, q8
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, out, gate+up, down
 
 
+def engine_split(rounds: int) -> None:
+    """Full depth, batch 1, on the default engine: wall time per token, and the part spent inside the
+    products (the head's screen included) and inside the head (screen, top-64, exact rescoring)."""
+    from skipdecode.engine import Engine
+
+    engine = Engine.load()
+    spent = {"products": 0.0, "head": 0.0}
+
+    def timed(kind, call):
+        def wrapper(self, x):
+            started = time.perf_counter()
+            out = call(self, x)
+            spent[kind] += time.perf_counter() - started
+            return out
+        return wrapper
+
+    product = q8.Q8Linear if isinstance(engine.decoder.lm_head.screen, q8.Q8Linear) else q4.Int4Linear
+    product.__call__ = timed("products", product.__call__)
+    q4.RescoredHead.__call__ = timed("head", q4.RescoredHead.__call__)
+    prompt = ["Write a short poem about the sea and the sky."]
+    engine.generate(prompt, max_new_tokens=8)
+    print(engine.weights_label)
+    for _ in range(rounds):
+        spent.update(products=0.0, head=0.0)
+        started = time.perf_counter()
+        engine.generate(prompt, max_new_tokens=64, stop_at_eos=False)
+        total = time.perf_counter() - started
+        print(f"{total / 64 * 1000:.2f} ms a token: products {spent['products'] / 64 * 1000:.2f} ms, "
+              f"head {spent['head'] / 64 * 1000:.2f} ms (prefill included)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--engine", action="store_true", help="time a real generation instead")
     args = parser.parse_args()
+    if args.engine:
+        return engine_split(args.rounds)
     torch.manual_seed(0)
     layers = []
     for _ in range(30):

@@ -79,8 +79,8 @@ class Q8Linear:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
         y = torch.empty(x.shape[0], self.out_features)
-        if self.lib.q8_matmul(self.codes.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features, self.in_features, x.data_ptr(),
-                              x.shape[0], y.data_ptr()):
+        if self.lib.q8_matmul(self.codes.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features,
+                              self.in_features, x.data_ptr(), x.shape[0], y.data_ptr()):
             raise MemoryError("the int8 kernel could not allocate its scratch rows")
         if self.lora is not None:
             y = lora_term(y, x, *self.lora)
