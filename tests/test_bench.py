@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,29 @@ def test_floor_counts_the_bytes_the_decoder_holds(engine):
     assert packed.layer == norms + 1200 and packed.kv_only == norms // 2 + 300 * 2 * half.kv_size // (
         half.q_size + 2 * half.kv_size)
     assert packed.weights(4) == 4 * packed.layer + packed.head
+
+
+def test_kernel_decoders_load_one_engine_per_kernel_under_its_setting(monkeypatch):
+    """`bench --kernel default,bf16,q8`: the engine's own decoder, and one per other kernel loaded with
+    $SKIPDECODE_KERNEL set to it, the caller's setting back afterwards."""
+    from types import SimpleNamespace
+
+    from skipdecode.evaluation.bench import kernel_decoders
+
+    monkeypatch.setenv("SKIPDECODE_KERNEL", "auto")
+    seen = []
+
+    def load():
+        seen.append(os.environ["SKIPDECODE_KERNEL"])
+        return SimpleNamespace(decoder=f"decoder on {seen[-1]}")
+
+    got = kernel_decoders(SimpleNamespace(decoder="own"), ("default", "bf16", "q8"), load)
+    assert got == {"default": "own", "bf16": "decoder on bf16", "q8": "decoder on q8"}
+    assert os.environ["SKIPDECODE_KERNEL"] == "auto"
+
+
+def test_bench_kernel_choices_are_checked(tmp_path, cli):
+    done = cli("bench", "--kernel", "fast", "--new-tokens", "4", "--repeats", "1", "--no-llamacpp")
+    assert done.returncode == 2 and "--kernel takes a comma-separated list of default, q8, bf16" in done.stderr
+    done = cli("bench", "--kernel", "default,bf16", "--new-tokens", "4", "--repeats", "1", "--no-llamacpp")
+    assert done.returncode == 2 and "not on it" in done.stderr  # the tests' float32 path has no product kernels
