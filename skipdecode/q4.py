@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .transformer import lora_term  # the unmerged LoRA term, each row's bits its own (both kernels use it)
+
 GROUP = 32  # weights per GGUF block, along the input
 INT4 = "int4"  # the dtype name that asks for this path ($SKIPDECODE_DTYPE or --dtype)
 RESCORE = 64  # tokens per row whose logits the head recomputes in float32
@@ -156,18 +158,6 @@ def q8_why() -> str:
         return f": {q8.KERNEL_ENV}=bf16"
     reason = q8.library().reason
     return f": {reason}" if reason else ""
-
-
-def lora_term(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """y + (x a) b for rows x [M, K], each row's bits those of the row alone. A float32 matmul of 4 rows or
-    more takes another kernel than one row (its sums run in another order), so a row in a batch, a prefill's
-    row or a verify pass's row would part from the one-row decode step at near ties (verified decoding found
-    59 of 630 E2E answers parting so). As M one-row products in one batched call they cannot."""
-    if x.shape[0] == 1:
-        return torch.addmm(y, x @ a, b)
-    M = x.shape[0]
-    xa = torch.bmm(x[:, None, :], a.expand(M, -1, -1))
-    return torch.baddbmm(y[:, None, :], xa, b.expand(M, -1, -1))[:, 0]
 
 
 class RescoredHead:

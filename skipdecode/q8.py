@@ -18,7 +18,9 @@ import os
 import torch
 
 from .native import library
-from .q4 import GROUP, Q4Blocks, lora_term
+from .transformer import lora_term
+
+GROUP = 32  # weights per GGUF block (q4.GROUP): q4 imports this module, so it is not imported from there
 
 KERNEL_ENV = "SKIPDECODE_KERNEL"
 SETTINGS = ("auto", "q8", "bf16")
@@ -42,8 +44,8 @@ def chosen() -> bool:
     return found.lib is not None
 
 
-def layout(blocks: Q4Blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Blocks in the kernel's layout (q8.c): per row the codes of each pair of blocks as 32 bytes (block 2p
+def layout(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q4.Q4Blocks in the kernel's layout (q8.c): per row the codes of each pair of blocks as 32 bytes (block 2p
     in the low nibbles, 2p+1 in the high ones), then the blocks' d and m as float16 (exact: the file's own
     float16 values). An odd count of blocks gains a zero block."""
     N, K = blocks.codes.shape
@@ -59,7 +61,7 @@ def layout(blocks: Q4Blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 class Q8Linear:
     """y = x W^T (+ (x A) B) with W as the GGUF's Q4_1 blocks and x quantized to int8 per block of 32 inside
-    the kernel. Inputs and outputs float32; the LoRA term (q4.lora_term) stays float32."""
+    the kernel. Inputs and outputs float32; the LoRA term (transformer.lora_term) stays float32."""
 
     def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, in_features: int, lora=None, lib=None):
         self.codes, self.d, self.m, self.in_features, self.lora = codes, d, m, in_features, lora
@@ -70,7 +72,8 @@ class Q8Linear:
         self.isa = self.lib.q8_isa().decode()  # the instructions its build runs on
 
     @classmethod
-    def of(cls, blocks: Q4Blocks) -> "Q8Linear":
+    def of(cls, blocks) -> "Q8Linear":
+        """From q4.Q4Blocks."""
         return cls(*layout(blocks), blocks.codes.shape[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

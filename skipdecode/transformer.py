@@ -84,6 +84,18 @@ def _(x, weight, eps):
     return torch.empty_like(x)
 
 
+def lora_term(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y + (x a) b for rows x [M, K], each row's bits those of the row alone. A float32 matmul of 4 rows or
+    more takes another kernel than one row (its sums run in another order), so a row in a batch, a prefill's
+    row or a verify pass's row would part from the one-row decode step at near ties (verified decoding found
+    59 of 630 E2E answers parting so). As M one-row products in one batched call they cannot."""
+    if x.shape[0] == 1:
+        return torch.addmm(y, x @ a, b)
+    M = x.shape[0]
+    xa = torch.bmm(x[:, None, :], a.expand(M, -1, -1))
+    return torch.baddbmm(y[:, None, :], xa, b.expand(M, -1, -1))[:, 0]
+
+
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packs float32 on any x86 CPU, bfloat16 only where it has the instructions for it (AVX-512
     BW/VL/DQ or AVX-NE-CONVERT): elsewhere, an AMD EPYC without AVX-512 for one, bfloat16 runs F.linear."""
