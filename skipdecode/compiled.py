@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 
 import torch
 
 from .models import cache_dir
+from .native import found
 from .transformer import Block, Decoder
 
 COMPILE_ENV = "SKIPDECODE_COMPILE"  # auto (today: the eager step, see AUTO_EAGER), on, off
@@ -66,10 +66,7 @@ def why_not(dec: Decoder, value: str) -> str | None:
 
 def compiler() -> str | None:
     """The C++ compiler inductor would call, if one is on this host."""
-    for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
-        if name and shutil.which(name):
-            return name
-    return None
+    return found("CXX", "g++", "clang++", "c++")
 
 
 def use_model_cache() -> None:

@@ -26,11 +26,17 @@ SIGNATURES = {"q8_matmul": [_P, _P, _P, _I, _I, _P, _I, _P],
               "attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I]}
 
 
-def compiler() -> str | None:
-    for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
+def found(env: str, *names: str) -> str | None:
+    """The first of $env and `names` on this host's PATH (a compiler's name), or None."""
+    for name in (os.environ.get(env), *names):
         if name and shutil.which(name):
             return name
     return None
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels build with, if one is on this host."""
+    return found("CC", "gcc", "cc", "clang")
 
 
 def _cpu() -> str:

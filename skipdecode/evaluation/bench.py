@@ -228,7 +228,10 @@ def kernel_decoders(engine, kernels, load) -> dict:
         try:
             decoders[kernel] = load().decoder
         finally:
-            os.environ.pop(KERNEL_ENV) if before is None else os.environ.__setitem__(KERNEL_ENV, before)
+            if before is None:
+                del os.environ[KERNEL_ENV]
+            else:
+                os.environ[KERNEL_ENV] = before
     return decoders
 
 
