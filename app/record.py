@@ -142,8 +142,21 @@ class Hardware(Strict):
     gpu: str = ""
 
 
+class Round(Strict):
+    """One verify pass (skipdecode/verify.py's Round.to_dict)."""
+
+    first: int = Count
+    drafted: int = Count
+    accepted: int = Count
+    emitted: int = Count
+    source: str
+    draft_ms: float = Count
+    verify_ms: float = Count
+
+
 class Verification(Strict):
-    """What verified decoding did (skipdecode/verify.py's Verification.to_dict): one mark per token."""
+    """What verified decoding did (skipdecode/verify.py's Verification.to_dict): one mark per token, one
+    round per verify pass (files exported before rounds were recorded have none)."""
 
     verified: bool
     draft_tokens: int = Field(ge=1)
@@ -157,6 +170,7 @@ class Verification(Strict):
     draft_ms: float = Count
     verify_ms: float = Count
     marks: list[Literal["accepted", "replaced", "verifier"]]
+    rounds: list[Round] = []
 
 
 class Record(Strict):
@@ -211,6 +225,9 @@ class Record(Strict):
             _same("verification.marks", self.verification.marks, n, "skipdecode.token_ids")
             if self.verification.accepted > self.verification.drafted:
                 raise ValueError("verification.accepted is more than verification.drafted")
+            for i, r in enumerate(self.verification.rounds):
+                if r.accepted > r.drafted or r.first + r.emitted > n:
+                    raise ValueError(f"verification.rounds.{i} does not fit the answer's {n} tokens")
         _same("divergence.tokens", self.divergence.tokens, n, "skipdecode.token_ids")
         _same("divergence.top", self.divergence.top, n, "skipdecode.token_ids")
         if [t.position for t in self.divergence.tokens] != list(range(n)):

@@ -47,6 +47,26 @@ def draft_tokens_for(prompt: str | None = None, kind: str | None = None) -> int:
 
     return DRAFT_TOKENS.get(kind or (route(prompt).kind if prompt is not None else "e2e"), DEFAULT_DRAFT_TOKENS)
 ACCEPTED, REPLACED, VERIFIER = "accepted", "replaced", "verifier"  # how each output token came to be
+SKIPDECODE = "skipdecode"  # who proposed a round's drafts: the skipped model
+
+
+@dataclass
+class Round:
+    """One verify pass: the drafts proposed (by `source`), how many the verifier kept, and the output
+    tokens the round emitted, output[first : first + emitted] (drafts kept, then the verifier's token; cut
+    at EOS or the token limit). The pass ran over drafted + 1 positions."""
+
+    first: int
+    drafted: int
+    accepted: int
+    emitted: int
+    source: str = SKIPDECODE
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"first": self.first, "drafted": self.drafted, "accepted": self.accepted, "emitted": self.emitted,
+                "source": self.source, "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3)}
 
 
 @dataclass
@@ -64,6 +84,7 @@ class Verification:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     marks: list[str] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)  # one per verify pass, in order
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -76,7 +97,8 @@ class Verification:
                 "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
                 "verify_passes": self.passes,
                 "passes_per_token": round(self.passes / tokens, 4) if tokens else None,
-                "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3), "marks": list(self.marks)}
+                "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3), "marks": list(self.marks),
+                "rounds": [r.to_dict() for r in self.rounds]}
 
 
 @dataclass
@@ -189,7 +211,11 @@ class Verified:
             stats.passes += 1
             stats.draft_ms += (drafted_at - started) * 1000.0
             stats.verify_ms += (ended - drafted_at) * 1000.0
+            first = len(tokens)
             done = emit(kept, marks, (ended - started) * 1000.0)
+            stats.rounds.append(Round(first, len(drafts), sum(mark == ACCEPTED for mark in marks),
+                                      len(tokens) - first, SKIPDECODE, (drafted_at - started) * 1000.0,
+                                      (ended - drafted_at) * 1000.0))
         trace.cache_lengths = list(verify_cache.lengths)
         gen.done = True
         yield gen

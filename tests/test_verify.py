@@ -40,6 +40,11 @@ def test_greedy_equals_full_decoding(engines, draft, schedule):
             v = got.verification
             assert len(v.marks) == len(want[0]) and v.marks[0] == VERIFIER
             assert v.marks.count(ACCEPTED) == v.accepted <= v.drafted and v.passes == len(want[0]) - 1 - v.accepted
+            # one round a pass; the rounds tile the answer after the prefill's token, in order
+            assert len(v.rounds) == v.passes and sum(r.drafted for r in v.rounds) == v.drafted
+            assert [r.first for r in v.rounds] == [1 + sum(r.emitted for r in v.rounds[:i]) for i in range(len(v.rounds))]
+            assert sum(r.emitted for r in v.rounds) == len(want[0]) - 1
+            assert all(v.marks[r.first:r.first + r.emitted].count(ACCEPTED) == r.accepted for r in v.rounds)
     if draft == 1 and schedule is FULL:  # a draft that is the verifier: every draft accepted
         assert v.acceptance_rate == 1.0 and REPLACED not in v.marks
 
