@@ -149,7 +149,7 @@ class Round(Strict):
     drafted: int = Count
     accepted: int = Count
     emitted: int = Count
-    source: str
+    source: Literal["skipdecode", "prompt", "none"]
     draft_ms: float = Count
     verify_ms: float = Count
 
@@ -170,6 +170,7 @@ class Verification(Strict):
     draft_ms: float = Count
     verify_ms: float = Count
     marks: list[Literal["accepted", "replaced", "verifier"]]
+    sources: list[Literal["skipdecode", "prompt", "verifier"]] = []
     rounds: list[Round] = []
 
 
@@ -225,6 +226,8 @@ class Record(Strict):
             _same("verification.marks", self.verification.marks, n, "skipdecode.token_ids")
             if self.verification.accepted > self.verification.drafted:
                 raise ValueError("verification.accepted is more than verification.drafted")
+            if self.verification.sources:
+                _same("verification.sources", self.verification.sources, n, "skipdecode.token_ids")
             for i, r in enumerate(self.verification.rounds):
                 if r.accepted > r.drafted or r.first + r.emitted > n:
                     raise ValueError(f"verification.rounds.{i} does not fit the answer's {n} tokens")

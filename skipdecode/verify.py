@@ -47,14 +47,18 @@ def draft_tokens_for(prompt: str | None = None, kind: str | None = None) -> int:
 
     return DRAFT_TOKENS.get(kind or (route(prompt).kind if prompt is not None else "e2e"), DEFAULT_DRAFT_TOKENS)
 ACCEPTED, REPLACED, VERIFIER = "accepted", "replaced", "verifier"  # how each output token came to be
-SKIPDECODE = "skipdecode"  # who proposed a round's drafts: the skipped model
+# Who proposed a token (Verification.sources) or a round's drafts (Round.source): the skipped model; the
+# verifier itself (its own next token, or the one it put in place of a rejected draft).
+SKIPDECODE = "skipdecode"
 
 
 @dataclass
 class Round:
-    """One verify pass: the drafts proposed (by `source`), how many the verifier kept, and the output
-    tokens the round emitted, output[first : first + emitted] (drafts kept, then the verifier's token; cut
-    at EOS or the token limit). The pass ran over drafted + 1 positions."""
+    """One verify pass: the drafts proposed (by `source`: SKIPDECODE, the skipped model), how many the
+    verifier kept, and the output tokens the round emitted, output[first : first + emitted] (drafts kept,
+    then the verifier's token; cut at EOS or the token limit). The pass ran over drafted + 1 positions.
+    The page's record (app/record.py) also admits "prompt" (drafts copied from the prompt) and "none" (a
+    plain full-depth step, nothing drafted) for drafters that propose that way."""
 
     first: int
     drafted: int
@@ -84,6 +88,7 @@ class Verification:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     marks: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # per output token: who proposed it (SKIPDECODE, VERIFIER)
     rounds: list[Round] = field(default_factory=list)  # one per verify pass, in order
 
     @property
@@ -98,7 +103,7 @@ class Verification:
                 "verify_passes": self.passes,
                 "passes_per_token": round(self.passes / tokens, 4) if tokens else None,
                 "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3), "marks": list(self.marks),
-                "rounds": [r.to_dict() for r in self.rounds]}
+                "sources": list(self.sources), "rounds": [r.to_dict() for r in self.rounds]}
 
 
 @dataclass
@@ -165,11 +170,12 @@ class Verified:
         trace.prefill_ms = (time.perf_counter() - started) * 1000.0
         fed = 0  # generated tokens the draft's cache holds (the verifier's holds all but the last)
 
-        def emit(new: list[int], marks: list[str], ms: float) -> bool:
+        def emit(new: list[int], marks: list[str], ms: float, source: str = SKIPDECODE) -> bool:
             """Append a round's tokens (cut at EOS and the limit); True once the generation is over."""
             for t, mark in zip(new, marks):
                 tokens.append(t)
                 stats.marks.append(mark)
+                stats.sources.append(source if mark == ACCEPTED else VERIFIER)
                 trace.generated_tokens += 1
                 trace.steps.append(StepRecord(len(tokens) - 1, L, tuple(range(L)), (), ms / len(new), 1))
                 if (stop_at_eos and t in self.eos_ids) or len(tokens) == max_new_tokens:

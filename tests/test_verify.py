@@ -45,6 +45,7 @@ def test_greedy_equals_full_decoding(engines, draft, schedule):
             assert [r.first for r in v.rounds] == [1 + sum(r.emitted for r in v.rounds[:i]) for i in range(len(v.rounds))]
             assert sum(r.emitted for r in v.rounds) == len(want[0]) - 1
             assert all(v.marks[r.first:r.first + r.emitted].count(ACCEPTED) == r.accepted for r in v.rounds)
+            assert [s == "skipdecode" for s in v.sources] == [m == ACCEPTED for m in v.marks]
     if draft == 1 and schedule is FULL:  # a draft that is the verifier: every draft accepted
         assert v.acceptance_rate == 1.0 and REPLACED not in v.marks
 
