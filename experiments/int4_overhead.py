@@ -1,4 +1,5 @@
-"""Where a 4-bit decode step's time goes besides the products, and what was tried against it (issue 55).
+"""Where a 4-bit decode step's time goes besides the products, and what was tried against it (docs/speed.md,
+"What is left after the products").
 
     PYTHONPATH=. python experiments/int4_overhead.py [--parts] [--attention] [--consistency] [--others]
                                                  [--compile]
@@ -13,7 +14,7 @@ the whole step.
                 float32 row by row, one float32 call
   --consistency per way of attending: batch against alone, teacher-forced scoring against decoding, and
                 the prefill's time
-  --others      the kernel against rows; products returning float32 (session 42); a float64 KV cache;
+  --others      the kernel against rows; products returning float32 (the first 4-bit default); a float64 KV cache;
                 one thread
   --compile     torch.compile of the 30-layer stack, then of each layer (minutes to compile)
 """
@@ -134,7 +135,7 @@ def parts(dec, batch: int) -> None:
 
 
 def rows_float32(self, q, keys, values, mask):
-    """Row by row in float32 (tried in session 43): each row of a batch attends over its own columns only,
+    """Row by row in float32 (tried on 2026-11-28): each row of a batch attends over its own columns only,
     [start, T) under left padding, which puts its keys at the same places of the kernel's vector lanes as
     its own unpadded cache: batch-invariant by construction. A prefill runs one query at a time, each
     over the columns up to its own, exactly as a decode step would: a prefill-shaped call rounds its rows
@@ -225,7 +226,7 @@ def in_turns(variants: dict, rounds: int = 8, runs: int = 10) -> None:
 
 
 def others(dec) -> None:
-    """The smaller attempts: the kernel against rows, float32 outputs of the products (session 42), a
+    """The smaller attempts: the kernel against rows, float32 outputs of the products (the first 4-bit default), a
     float64 KV cache, one thread."""
     from skipdecode import q4
 
@@ -236,7 +237,7 @@ def others(dec) -> None:
               f"{median_ms(lambda: kernel(x, lin.packed, q4.GROUP, lin.scales_zeros), 200):.3f} ms |")
     bfloat16_out = q4.Int4Linear.__call__
 
-    def float32_out(self, x):  # session 42's products: the kernel's bfloat16 converted back to float32
+    def float32_out(self, x):  # the first 4-bit default's products: the kernel's bfloat16 converted back to float32
         return bfloat16_out(self, x).to(x.dtype)
 
     for batch in (1, 16):
@@ -251,7 +252,7 @@ def others(dec) -> None:
               f"{'the same bits' if torch.equal(*outputs) else 'DIFFERENT'} |")
         in_turns({f"batch {batch}, products return bfloat16 (the default)":
                   (lambda: setattr(q4.Int4Linear, "__call__", bfloat16_out), lambda: layers(dec, *step)),
-                  f"batch {batch}, products return float32 (session 42)":
+                  f"batch {batch}, products return float32 (the first default)":
                   (lambda: setattr(q4.Int4Linear, "__call__", float32_out), lambda: layers(dec, *step))})
         q4.Int4Linear.__call__ = bfloat16_out
         wide = KVCache(dec.num_layers, batch, dec.num_kv_heads, T + 8, dec.head_dim, "cpu", torch.float64)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Who: a maintainer, on a lent GPU machine after a change to the app or engine: the app served on CUDA.
-# The app itself on a lent GPU machine (issue 53) and the bench on the real weights (issue 55), no network:
+# Who: a maintainer, on a GPU machine after a change to the app or engine: the app served on CUDA.
+# The app itself on a GPU machine (docs/hosting.md) and the bench on the real weights (docs/speed.md), no network:
 #   bash scripts/gpu_app.sh piece N      one call per piece but the last, carrying .gpu-app/N
 #   bash scripts/gpu_app.sh run          the last call, carrying the last piece: everything below
 #   bash scripts/gpu_app.sh run --dry    here, on the CPU and this machine's Python (no wheels installed,

@@ -1,6 +1,6 @@
 # Who: a host, against any running app (its API under concurrent users); a maintainer, through scripts/gpu_app.sh.
 """The served app checked over HTTP with gradio_client, as a user of its API would: run by scripts/gpu_app.sh
-against `python app.py` on a GPU (issue 53), and usable against any running app.
+against `python app.py` on a GPU (docs/hosting.md), and usable against any running app.
 
     python scripts/gpu_app_check.py http://127.0.0.1:7860/ [--new-tokens 64] [--concurrent 16] [--out FILE]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Who: a maintainer, here, before scripts/gpu_app.sh: the pieces those calls carry.
-# What scripts/gpu_app.sh needs on a lent GPU machine to serve the app itself (issue 53), made here:
+# What scripts/gpu_app.sh needs on a GPU machine to serve the app itself (docs/hosting.md), made here:
 #   bash scripts/gpu_app_pack.sh [TAR]    (needs `make install`; PY=... names another Python with skipdecode's deps)
 # LITE=1 leaves the GGUF out (4 pieces instead of 15): the app then runs random weights of the model's shapes.
 # TAR: an app.tar.xz made earlier (by another checkout, say), only split here. Without it the tar is built in

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Who: a maintainer, here, before scripts/gpu_run.sh: what that call carries to the GPU machine.
-# What scripts/gpu_run.sh needs on a lent GPU machine, made here (needs `make install` and ../shared):
+# What scripts/gpu_run.sh needs on a GPU machine, made here (needs `make install` and ../shared):
 #   bash scripts/gpu_pack.sh
 # .gpu/  wheels of the pinned versions the GPU image lacks, the default model's config and tokenizer, the
 #        E2E test and dev CSVs, the chat prompt pool, the GGUF's sha256 (26 MB: it travels with `carry`)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Who: a maintainer, on a lent GPU machine after a change to the engine: its tests and bench on CUDA.
-# The GPU checks of issue 23, in one command on a lent GPU machine (no network, its own torch):
+# Who: a maintainer, on a GPU machine after a change to the engine: its tests and bench on CUDA.
+# The GPU checks (docs/speed.md, "On a GPU"), in one command on a GPU machine (no network, its own torch):
 #   bash scripts/gpu_run.sh [wheels|quick|tests|bench|capture|real|general [RUNS]|all]
 #   (quick: the engine's and the graphs' tests only; capture: what the first generation of a batch size
 #   costs, graphs captured, against the next ones; real: the bench on the real weights, see below;
-#   general [RUNS]: issue 21's candidates on the real weights, RUNS their list, docs/research/general-adapters.md)
+#   general [RUNS]: general-prompt adapter candidates on the real weights, RUNS their list, docs/research/general-adapters.md)
 # It needs, in the ignored folder .gpu/ (made on the developer's machine by scripts/gpu_pack.sh, carried
 # with the call):
 #   whl/    wheels of the versions requirements.txt pins that the machine lacks or has in another version
@@ -100,11 +100,11 @@ print("kept steps:", [(s.batch, s.width) for s in engine._steps.free.values()],
 PY
 fi
 if [[ $what == general ]]; then
-  # Issue 21's candidates (docs/research/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
+  # The general-prompt adapter candidates (docs/research/general-adapters.md), trained at once on the one GPU in bf16 autocast (the
   # GPU's "auto"): one run a line of the file $2 (default experiments/gpu_general_runs.txt), "NAME TRAIN-ARGS...",
   # after `--task general --checkpoint-dir /tmp/ck`; `--init` adapters travel in .gpu/init/, or come from an
   # earlier stage (/tmp/ck/runs/NAME): a line `wait` waits for the general runs started above it. A line with
-  # `--task e2e` (issue 24: the E2E split in .gpu/e2e) needs no targets: it starts at once, beside them. The
+  # `--task e2e` (docs/research/e2e-train-split.md: the E2E split in .gpu/e2e) needs no targets: it starts at once, beside them. The
   # targets come cached from the CPU (.gpu/targets-*.jsonl, float32; E2E's teacher outputs in
   # .gpu/teacher-outputs-*.jsonl); any not made yet (the most --limit of
   # the file) are made here first, in float32 too, by one process. Every run stops by the deadline (BUDGET
@@ -132,7 +132,7 @@ if [[ $what == general ]]; then
   while read -r name args; do [[ -n $name ]] && train $name $args; done <<< "$e2e_lines"
   limit=$(grep -o -- "--limit [0-9]*" <<< "$general" | cut -d' ' -f2 | sort -n | tail -1)
   if [[ -n $limit ]]; then
-    # batch 64, the answer cache's chunk: 28 prompts a second on an H200 (session 32; 23 at batch 16)
+    # batch 64, the answer cache's chunk: 28 prompts a second on an H200 (2026-11-26; 23 at batch 16)
     python3 - "$limit" <<'PY' 2>&1 | tr '\r' '\n' | grep -v "Loading\|it/s\]$" | tail -3 | tee "$out/logs/targets.txt"
 import sys, time
 from skipdecode.evaluation.general import MAX_PROMPT_TOKENS
