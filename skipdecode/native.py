@@ -1,5 +1,5 @@
 """The CPU path's C kernels (q8.c: the 4-bit products on int8 activations; attention.c: float32 attention
-with row-exact sums; layer.c: whole decoder layers in one call), built once per CPU and compiler with the
+with row-exact sums; layer.c: whole decoder layers in one call; topk.c: the head screen's best tokens), built once per CPU and compiler with the
 host's C compiler into the model cache ($SKIPDECODE_CACHE/kernels) and called through ctypes. A host with no
 compiler, or where the build fails, runs PyTorch's kernels and says why (`Library.reason`, in the weights'
 label)."""
@@ -21,13 +21,13 @@ import torch  # first: its libgomp.so.1 is the one the kernels' OpenMP threads t
 
 from .models import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("q8.c", "attention.c", "layer.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("q8.c", "attention.c", "layer.c", "topk.c")]
 HEADERS = [Path(__file__).with_name("kernels.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {"q8_matmul": [_P, _I, _I, _P, _I, _P],
               "attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I],
-              "layers_forward": [_P, _P, _P, _I, _P]}
+              "layers_forward": [_P, _P, _P, _I, _P], "top_k": [_P, _I, _I, _I, _P]}
 
 
 def found(env: str, *names: str) -> str | None:
@@ -136,6 +136,16 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
                                ks[2], 0 if mask is None else mask.data_ptr(), *ms, out.data_ptr(), os_[0], os_[1],
                                os_[2], B, H, Hkv, S, T, hd):
         raise MemoryError("the attention kernel could not allocate its scratch rows")
+    return out
+
+
+def top_k(x: torch.Tensor, k: int, lib: ctypes.CDLL) -> torch.Tensor:
+    """The indices [rows, k] of the k largest values of each row of x [rows, n] (float32), in no particular
+    order (topk.c): the set torch.topk gives, but for which of several values tied at the k-th it keeps."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], k, dtype=torch.int64)
+    if lib.top_k(x.data_ptr(), x.shape[1], k, x.shape[0], out.data_ptr()):
+        raise ValueError(f"top_k: k = {k} for rows of {x.shape[1]}")
     return out
 
 

@@ -269,8 +269,12 @@ class Decoder:
             for layer in layers:
                 x = self.block(layer, x, rope, mask, *cache.claim(layer, start, x.shape[1]), start)
             return x
-        for layer in layers:
-            cache.claim(layer, start, x.shape[1])
+        end, lengths = start + x.shape[1], cache.lengths
+        if end > cache.max_len or any(lengths[layer] != start for layer in layers):
+            for layer in layers:
+                cache.claim(layer, start, x.shape[1])  # raises, saying why
+        for layer in layers:  # what claim records, without the views it returns
+            lengths[layer] = end
         data = cache.data  # [layer, key/value, row, head, column, dim]
         return self.fused.forward(layers, x, rope, mask, data[0, 0], start, data.stride(1), data.stride(0))
 

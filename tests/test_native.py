@@ -93,6 +93,18 @@ def test_lora_rows_and_the_head():
     assert all(torch.equal(head(h)[i:i + 1], head(h[i:i + 1])) for i in range(16))
 
 
+@pytest.mark.parametrize("n,k", [(49152, 64), (320, 16), (40, 40), (37, 5)])
+def test_the_heads_selection_is_torch_topks_set(n, k):
+    x = torch.randn(6, n)
+    x[0, :k + 3] = 7.0  # ties above the rest: any k of them
+    got, expected = native.top_k(x, k, native.library().lib), x.topk(k, dim=-1).indices
+    assert got.shape == (6, k) and all(len(set(row.tolist())) == k for row in got)
+    assert set(got[0].tolist()) <= set(range(k + 3))
+    assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(got[1:], expected[1:]))
+    with pytest.raises(ValueError, match="top_k"):
+        native.top_k(x, n + 1, native.library().lib)
+
+
 def attention_inputs(B=2, H=9, Hkv=3, S=5, T=40, hd=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, S, H, hd, generator=g).transpose(1, 2)  # the decoder's strides
@@ -258,6 +270,8 @@ def test_the_fused_layer_keeps_every_rows_bits():
     for layer in (0, 2, 5):
         y = dec.block(layer, y, rope, mask, *second.claim(layer, 4, 5), 4)
     assert torch.equal(one_call, y) and torch.equal(first.data, second.data) and first.lengths == second.lengths
+    with pytest.raises(RuntimeError, match="layer 1 holds 4 positions but is asked to run at column 9"):
+        dec.run_layers([0, 1], x, rope, mask, first, 9)  # layer 1 did not run at columns 4..8: a grown budget
     column_cache = cache.clone()
     graphed = dec.block(2, x[:, :1], (rope[0][:, :1], rope[1][:, :1]), mask[:, :, :1], *column_cache, torch.tensor([4]))
     assert torch.equal(graphed, dec.block(2, x[:, :1], (rope[0][:, :1], rope[1][:, :1]), mask[:, :, :1], *cache.clone(), 4))
