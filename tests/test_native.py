@@ -309,3 +309,20 @@ def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp
         alone = native.attention(q[:, :, s:s + 1], keys[:, :, :17 + s], values[:, :, :17 + s], None, lib=built)
         assert torch.equal(alone, prefill[:, :, s:s + 1])
 
+
+
+def test_the_kernels_sources_and_header_ship_with_the_package_and_the_space():
+    """Every file the library builds from (native.SOURCES and HEADERS) is in the wheel's package data and in
+    what scripts/publish_space.py sends: a Space or an installed package builds the same library."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from test_publish_space import publish_space
+
+    root = Path(native.__file__).resolve().parents[1]
+    files = [p.relative_to(root).as_posix() for p in (*native.SOURCES, *native.HEADERS)]
+    package = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["skipdecode"]
+    assert all(any(fnmatch.fnmatch(Path(f).name, pattern) for pattern in package) for f in files), package
+    sent = {f.path for f in publish_space.space_files()}
+    assert set(files) <= sent
