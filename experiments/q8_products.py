@@ -1,14 +1,14 @@
 """The 4-bit products alone, one step's worth (30 layers of SmolLM2-135M's four fused matrices, random Q4_1
 blocks, 66 MB: most of it from DRAM each step, as in decoding), on PyTorch's int4 kernel (bfloat16 inputs)
 and on skipdecode/q8.c (int8 inputs), in turns in one process. Cited by docs/speed.md ("The int8 kernel and
-row-exact attention").
+row-exact attention", "The decode step in native code").
 
-    python experiments/q8_products.py --rows 1     # batch 1
-    python experiments/q8_products.py --rows 16    # a batch of 16
-    python experiments/q8_products.py --engine     # a real 64-token generation: its products' and head's share
+    python experiments/q8_products.py --rows 1,4,16,64   # batch 1, 4, 16 and a prompt's 64 rows
+    python experiments/q8_products.py --engine           # a real 64-token generation: its products' and head's share
 """
 
 import argparse
+import os
 import platform
 import time
 
@@ -25,7 +25,8 @@ def engine_split(rounds: int) -> None:
     from skipdecode.engine import Engine
 
     engine = Engine.load()
-    spent = {"products": 0.0, "head": 0.0}
+    engine.decoder.fused = None  # the products called one by one from PyTorch's glue (experiments/native_step.py
+    spent = {"products": 0.0, "head": 0.0}  # splits the fused step)
 
     def timed(kind, call):
         def wrapper(self, x):
@@ -52,7 +53,7 @@ def engine_split(rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--rows", default="1", help="input rows, comma-separated (each timed in turn)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--engine", action="store_true", help="time a real generation instead")
     args = parser.parse_args()
@@ -65,21 +66,24 @@ def main() -> None:
             blocks = q4.quantize(torch.randn(n, k))
             blocks.d, blocks.m = blocks.d.half().float(), blocks.m.half().float()  # the file's float16 scales
             layers.append((q4.Int4Linear.of(blocks), q8.Q8Linear.of(blocks), k))
-    x = {k: torch.randn(args.rows, k) for k in (576, 1536)}
-    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {args.rows} row(s), "
-          f"q8 kernel: {q8.library().isa}")
-    for _ in range(args.rounds):
-        times = {}
-        for i, name in ((0, "PyTorch int4 (bf16)"), (1, "q8.c (int8)")):
-            for product in layers:
-                product[i](x[product[2]])
-            started = time.perf_counter()
-            for _ in range(10):
+    counts = [int(r) for r in args.rows.split(",")]
+    inputs = {rows: {k: torch.randn(rows, k) for k in (576, 1536)} for rows in counts}
+    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, q8 kernel: "
+          f"{q8.library().isa}; load average {os.getloadavg()}")
+    for round_ in range(args.rounds):
+        for rows in counts:
+            x, times = inputs[rows], {}
+            for i, name in ((0, "PyTorch int4 (bf16)"), (1, "q8.c (int8)")):
                 for product in layers:
                     product[i](x[product[2]])
-            times[name] = (time.perf_counter() - started) / 10 * 1000
-        first, second = times.values()
-        print("  ".join(f"{name} {ms:.2f} ms a step" for name, ms in times.items()), f"ratio {first / second:.2f}")
+                started = time.perf_counter()
+                for _ in range(10):
+                    for product in layers:
+                        product[i](x[product[2]])
+                times[name] = (time.perf_counter() - started) / 10 * 1000
+            first, second = times.values()
+            print(f"round {round_ + 1}, {rows} row(s): "
+                  + "  ".join(f"{name} {ms:.2f} ms a step" for name, ms in times.items()), f"ratio {first / second:.2f}")
 
 
 if __name__ == "__main__":

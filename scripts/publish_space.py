@@ -41,6 +41,7 @@ ALLOW = [
     "app/*.py",
     "skipdecode/*.py",
     "skipdecode/*.c",  # the CPU path's C kernels, built on the Space at first start (skipdecode/native.py)
+    "skipdecode/*.h",  # their shared header
     "assets/adapters/*",  # the fine-tuned adapters the app serves
     "assets/examples/*",  # the example prompts
     "assets/results/e2e.csv",  # the tables the Results tab reads (app/results.py)

@@ -6,13 +6,15 @@
    index, so left padding (a row in a batch) or a prefill's rows round differently than a row decoded
    alone; the engine ran it in float64 to hide that (0.9 ms of a 6 ms step). Here the scores, the softmax
    and the weighted sum run over the row's visible columns in their order, lanes along the head dimension
-   only, with one exp (below) whether the compiler vectorizes a loop or not: a row attends with the same
+   only, with one exp (kernels.h) whether the compiler vectorizes a loop or not: a row attends with the same
    bits alone, in a batch, in a prefill and in a verify pass. Built with -ffp-contract=off. */
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "kernels.h"
 
 #define LANES 16
 
@@ -38,22 +40,53 @@ static inline float dot64(const __m512 q[4], const float *k) {
 }
 #endif
 
-/* e^x for x <= 0 (Cephes' expf: range reduction by ln 2, a degree-5 polynomial; within 2 ulp), written
-   so that a vector lane and a scalar call compute the same operations */
-static inline float exp_neg(float x) {
-    if (x < -87.0f) return 0.0f;
-    const float n = nearbyintf(x * 1.44269504088896341f);
-    const float r = fmaf(n, -0.693359375f, x);
-    const float f = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, f, 1.3981999507e-3f);
-    p = fmaf(p, f, 8.3334519073e-3f);
-    p = fmaf(p, f, 4.1665795894e-2f);
-    p = fmaf(p, f, 1.6666665459e-1f);
-    p = fmaf(p, f, 5.0000001201e-1f);
-    p = fmaf(p * f, f, f) + 1.0f;
-    union { uint32_t i; float f; } scale = {.i = (uint32_t)((int32_t)n + 127) << 23};
-    return p * scale.f;
+/* One query row over its visible columns (kernels.h). */
+void attention_row(const float *qr, const float *kr, const float *vr, int64_t kt, const float *mr, int64_t T,
+                   int64_t hd, float *o, float *scores, int64_t *seen) {
+    const float scale = 1.0f / sqrtf((float)hd);
+    int64_t count = 0;
+    float top = -INFINITY;
+#if defined(__AVX512F__)
+    if (hd == 64) {
+        __m512 qv[4];
+        for (int j = 0; j < 4; j++) qv[j] = _mm512_loadu_ps(qr + 16 * j);
+        for (int64_t t = 0; t < T; t++) {
+            if (mr && mr[t] == -INFINITY) continue;
+            const float score = dot64(qv, kr + t * kt) * scale + (mr ? mr[t] : 0.0f);
+            scores[count] = score, seen[count++] = t;
+            top = fmaxf(top, score);
+        }
+        for (int64_t c = 0; c < count; c++) scores[c] = exp_any(scores[c] - top);
+        __m512 av[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        float total = 0.0f;
+        for (int64_t c = 0; c < count; c++) {
+            const __m512 e = _mm512_set1_ps(scores[c]);
+            const float *vt = vr + seen[c] * kt;
+            total += scores[c];
+            for (int j = 0; j < 4; j++) av[j] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * j), av[j]);
+        }
+        const __m512 inverse = _mm512_set1_ps(count ? 1.0f / total : 0.0f);
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(av[j], inverse));
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        if (mr && mr[t] == -INFINITY) continue;
+        const float score = dot(qr, kr + t * kt, hd) * scale + (mr ? mr[t] : 0.0f);
+        scores[count] = score, seen[count++] = t;
+        top = fmaxf(top, score);
+    }
+    for (int64_t c = 0; c < count; c++) scores[c] = exp_any(scores[c] - top);
+    for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+    float total = 0.0f;
+    for (int64_t c = 0; c < count; c++) {
+        const float e = scores[c];
+        const float *vt = vr + seen[c] * kt;
+        total += e;
+        for (int64_t i = 0; i < hd; i++) o[i] = fmaf(e, vt[i], o[i]);
+    }
+    const float inverse = count ? 1.0f / total : 0.0f; /* a row that sees no column gets zeros */
+    for (int64_t i = 0; i < hd; i++) o[i] = o[i] * inverse;
 }
 
 /* q [B, H, S, hd] and out [B, H, S, hd] (strides in elements for b, h, s; hd contiguous), keys and
@@ -62,67 +95,21 @@ static inline float exp_neg(float x) {
 int attention(const float *q, int64_t qb, int64_t qh, int64_t qs, const float *k, const float *v, int64_t kb,
               int64_t kh, int64_t kt, const float *mask, int64_t mb, int64_t ms, float *out, int64_t ob,
               int64_t oh, int64_t os, int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t T, int64_t hd) {
-    const float scale = 1.0f / sqrtf((float)hd);
     const int64_t group = H / Hkv, tasks = B * H * S;
     int failed = 0;
 #pragma omp parallel if (tasks * T * hd >= 65536) reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * (size_t)T), *acc = malloc(sizeof(float) * (size_t)hd);
+        float *scores = malloc(sizeof(float) * (size_t)T);
         int64_t *seen = malloc(sizeof(int64_t) * (size_t)T);
-        if (!scores || !acc || !seen) failed = 1;
+        if (!scores || !seen) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
-            if (!scores || !acc || !seen) continue;
+            if (!scores || !seen) continue;
             const int64_t b = task / (H * S), h = task / S % H, s = task % S;
-            const float *qr = q + b * qb + h * qh + s * qs;
-            const float *kr = k + b * kb + (h / group) * kh, *vr = v + b * kb + (h / group) * kh;
-            const float *mr = mask ? mask + b * mb + s * ms : NULL;
-            float *o = out + b * ob + h * oh + s * os;
-            int64_t count = 0;
-            float top = -INFINITY;
-#if defined(__AVX512F__)
-            if (hd == 64) {
-                __m512 qv[4];
-                for (int j = 0; j < 4; j++) qv[j] = _mm512_loadu_ps(qr + 16 * j);
-                for (int64_t t = 0; t < T; t++) {
-                    if (mr && mr[t] == -INFINITY) continue;
-                    const float score = dot64(qv, kr + t * kt) * scale + (mr ? mr[t] : 0.0f);
-                    scores[count] = score, seen[count++] = t;
-                    top = fmaxf(top, score);
-                }
-                for (int64_t c = 0; c < count; c++) scores[c] = exp_neg(scores[c] - top);
-                __m512 av[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                float total = 0.0f;
-                for (int64_t c = 0; c < count; c++) {
-                    const __m512 e = _mm512_set1_ps(scores[c]);
-                    const float *vt = vr + seen[c] * kt;
-                    total += scores[c];
-                    for (int j = 0; j < 4; j++) av[j] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vt + 16 * j), av[j]);
-                }
-                const __m512 inverse = _mm512_set1_ps(count ? 1.0f / total : 0.0f);
-                for (int j = 0; j < 4; j++) _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(av[j], inverse));
-                continue;
-            }
-#endif
-            for (int64_t t = 0; t < T; t++) {
-                if (mr && mr[t] == -INFINITY) continue;
-                const float score = dot(qr, kr + t * kt, hd) * scale + (mr ? mr[t] : 0.0f);
-                scores[count] = score, seen[count++] = t;
-                top = fmaxf(top, score);
-            }
-            for (int64_t c = 0; c < count; c++) scores[c] = exp_neg(scores[c] - top);
-            for (int64_t i = 0; i < hd; i++) acc[i] = 0.0f;
-            float total = 0.0f;
-            for (int64_t c = 0; c < count; c++) {
-                const float e = scores[c];
-                const float *vt = vr + seen[c] * kt;
-                total += e;
-                for (int64_t i = 0; i < hd; i++) acc[i] = fmaf(e, vt[i], acc[i]);
-            }
-            const float inverse = count ? 1.0f / total : 0.0f; /* a row that sees no column gets zeros */
-            for (int64_t i = 0; i < hd; i++) o[i] = acc[i] * inverse;
+            attention_row(q + b * qb + h * qh + s * qs, k + b * kb + (h / group) * kh, v + b * kb + (h / group) * kh,
+                          kt, mask ? mask + b * mb + s * ms : NULL, T, hd, out + b * ob + h * oh + s * os, scores, seen);
         }
-        free(scores), free(acc), free(seen);
+        free(scores), free(seen);
     }
     return failed ? -1 : 0;
 }

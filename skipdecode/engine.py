@@ -66,8 +66,11 @@ class Scheduled:
     def run(self, dec: Decoder, cache: KVCache, step: int, column: int, x, rope, mask):
         """Hidden states [B, 1, d] after this position's layers, and the step's record (ms filled in later)."""
         layers = self.schedule.layers(step)
-        for layer in layers:
-            x = dec.block(layer, x, rope, mask, *cache.claim(layer, column, 1), column)
+        if isinstance(dec, Decoder):  # the eager step: one call for the position's layers
+            x = dec.run_layers(layers, x, rope, mask, cache, column)
+        else:  # a static step (skipdecode/graphs.py) runs each layer's graph
+            for layer in layers:
+                x = dec.block(layer, x, rope, mask, *cache.claim(layer, column, 1), column)
         return x, StepRecord(step, len(layers), layers, self.schedule.skipped(step), 0.0, x.shape[0])
 
 

@@ -1,7 +1,8 @@
 """The CPU path's C kernels (q8.c: the 4-bit products on int8 activations; attention.c: float32 attention
-with row-exact sums), built once per CPU and compiler with the host's C compiler into the model cache
-($SKIPDECODE_CACHE/kernels) and called through ctypes. A host with no compiler, or where the build fails,
-runs PyTorch's kernels and says why (`Library.reason`, in the weights' label)."""
+with row-exact sums; layer.c: whole decoder layers in one call; topk.c: the head screen's best tokens), built once per CPU and compiler with the
+host's C compiler into the model cache ($SKIPDECODE_CACHE/kernels) and called through ctypes. A host with no
+compiler, or where the build fails, runs PyTorch's kernels and says why (`Library.reason`, in the weights'
+label)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Sequence
 
 import torch  # first: its libgomp.so.1 is the one the kernels' OpenMP threads then share
 
 from .models import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("q8.c", "attention.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("q8.c", "attention.c", "layer.c", "topk.c")]
+HEADERS = [Path(__file__).with_name("kernels.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-SIGNATURES = {"q8_matmul": [_P, _P, _P, _I, _I, _P, _I, _P],
-              "attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I]}
+SIGNATURES = {"q8_matmul": [_P, _I, _I, _P, _I, _P],
+              "attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I],
+              "layers_forward": [_P, _P, _P, _I, _P], "top_k": [_P, _I, _I, _I, _P]}
 
 
 def found(env: str, *names: str) -> str | None:
@@ -53,7 +57,7 @@ def build(cc: str, extra: tuple[str, ...] = ()) -> tuple[Path, bool]:
     built once into the model cache (written under a temporary name and renamed, so that two processes
     starting together never load half a file)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    text = "\0".join([*(s.read_text() for s in SOURCES), " ".join([*FLAGS, *extra]), version, _cpu()])
+    text = "\0".join([*(s.read_text() for s in (*SOURCES, *HEADERS)), " ".join([*FLAGS, *extra]), version, _cpu()])
     target = cache_dir() / "kernels" / f"skipdecode-{hashlib.sha256(text.encode()).hexdigest()[:16]}.so"
     if target.exists():
         return target, False
@@ -133,3 +137,94 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
                                os_[2], B, H, Hkv, S, T, hd):
         raise MemoryError("the attention kernel could not allocate its scratch rows")
     return out
+
+
+def top_k(x: torch.Tensor, k: int, lib: ctypes.CDLL) -> torch.Tensor:
+    """The indices [rows, k] of the k largest values of each row of x [rows, n] (float32), in no particular
+    order (topk.c): the set torch.topk gives, but for which of several values tied at the k-th it keeps."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], k, dtype=torch.int64)
+    if lib.top_k(x.data_ptr(), x.shape[1], k, x.shape[0], out.data_ptr()):
+        raise ValueError(f"top_k: k = {k} for rows of {x.shape[1]}")
+    return out
+
+
+# ---- layer.c: decoder layers in one call ---------------------------------------------------------------
+class _Product(ctypes.Structure):
+    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("a", _P), ("b", _P), ("rank", _I)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("norm1", _P), ("norm2", _P), ("qkv", _Product), ("out", _Product), ("up", _Product),
+                ("down", _Product)]
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", ctypes.c_float)]
+
+
+class _Call(ctypes.Structure):
+    _fields_ = [("x", _P), ("B", _I), ("S", _I), ("cos", _P), ("sin", _P), ("rb", _I), ("rs", _I), ("mask", _P),
+                ("mb", _I), ("ms", _I), ("cache", _P), ("cl", _I), ("cv", _I), ("cb", _I), ("ch", _I), ("ct", _I),
+                ("start", _I), ("T", _I)]
+
+
+class Layers:
+    """A llama-family decoder's layers on the int8 kernel, each layer (or a list of them) in one native call
+    (layer.c): what `Decoder.block` and `Decoder.run_layers` run when every product is a q8.Q8Linear. Holds
+    the layers' weights as C structs, built once; the tensors they point into stay referenced here."""
+
+    def __init__(self, dec, lib: ctypes.CDLL):
+        self.lib = lib
+        self.config = _Config(dec.embed_tokens.shape[1], dec.num_heads, dec.num_kv_heads, dec.head_dim,
+                              dec.blocks[0].down.in_features, dec.eps)
+        self.held = []
+        self.layers = (_Layer * dec.num_layers)(*(self._layer(b) for b in dec.blocks))
+
+    def _tensor(self, t: torch.Tensor) -> int:
+        t = t.detach().float().contiguous()
+        self.held.append(t)
+        return t.data_ptr()
+
+    def _product(self, lin) -> _Product:
+        a, b = lin.lora if lin.lora is not None else (None, None)
+        return _Product(lin.packed.data_ptr(), lin.out_features, lin.in_features,
+                        None if a is None else self._tensor(a), None if b is None else self._tensor(b),
+                        0 if a is None else a.shape[1])
+
+    def _layer(self, block) -> _Layer:
+        self.held.append(block)
+        return _Layer(self._tensor(block.norm1[0]), self._tensor(block.norm2[0]), *(
+            self._product(lin) for lin in (block.qkv, block.out, block.up, block.down)))
+
+    def forward(self, which: Sequence[int], x: torch.Tensor, rope, mask, keys: torch.Tensor, start,
+                values_offset: int, layer_stride: int) -> torch.Tensor:
+        """Layers `which`, in order, on x [B, S, d] (float32), returned as a new tensor: keys and values of
+        layer l for row b, head h, column t at keys[b, h, t] + l * layer_stride and values_offset floats
+        after them; the S new columns written at `start` (an int, or a one-element tensor: the graphed step's
+        form), attention over the columns before start + S under the additive mask [B, 1, S or 1, >= start +
+        S] (None: every column)."""
+        B, S, _ = x.shape
+        out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        start = int(start)
+        call = _Call(out.data_ptr(), B, S)
+        if rope is not None:
+            cos, sin = rope
+            if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+                cos, sin = cos.contiguous(), sin.contiguous()
+            call.cos, call.sin, call.rb, call.rs = cos.data_ptr(), sin.data_ptr(), cos.stride(0), cos.stride(1)
+        if mask is not None:
+            mask = mask.expand(B, 1, S, mask.shape[-1])
+            if mask.stride(-1) != 1:
+                mask = mask.contiguous()
+            call.mask, call.mb, call.ms = mask.data_ptr(), mask.stride(0), mask.stride(2)
+        if keys.stride(-1) != 1:
+            raise ValueError("the cache's last dimension must be contiguous")
+        call.cache, call.cl, call.cv = keys.data_ptr(), layer_stride, values_offset
+        call.cb, call.ch, call.ct = keys.stride(0), keys.stride(1), keys.stride(2)
+        call.start, call.T = start, start + S
+        which = (ctypes.c_int64 * len(which))(*which)
+        if self.lib.layers_forward(ctypes.addressof(self.layers), ctypes.byref(self.config), which, len(which),
+                                   ctypes.byref(call)):
+            raise MemoryError("the layer kernel could not allocate its scratch rows")
+        return out

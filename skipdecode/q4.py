@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import native
 from .transformer import lora_term  # the unmerged LoRA term, each row's bits its own (both kernels use it)
 
 GROUP = 32  # weights per GGUF block, along the input
@@ -174,7 +175,8 @@ class RescoredHead:
         shape = h.shape
         h = h.reshape(-1, shape[-1]).float()
         logits = self.screen(h).float()
-        best = logits.topk(self.rescore, dim=-1).indices
+        lib = getattr(self.screen, "lib", None)  # the C kernels' own selection beside the int8 screen
+        best = native.top_k(logits, self.rescore, lib) if lib is not None else logits.topk(self.rescore, dim=-1).indices
         exact = (self.exact[best] * h[:, None, :]).sum(-1)  # row by row: the same in any batch
         return logits.scatter_(1, best, exact).view(*shape[:-1], -1)
 

@@ -44,28 +44,36 @@ def chosen() -> bool:
     return found.lib is not None
 
 
-def layout(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q4.Q4Blocks in the kernel's layout (q8.c): per row the codes of each pair of blocks as 32 bytes (block 2p
-    in the low nibbles, 2p+1 in the high ones), then the blocks' d and m as float16 (exact: the file's own
-    float16 values). An odd count of blocks gains a zero block."""
+ROWS, UNIT = 16, 320  # weight rows interleaved per unit of the layout; bytes of one block of a unit (q8.c)
+
+
+def layout(blocks) -> torch.Tensor:
+    """q4.Q4Blocks in the kernel's layout (q8.c): [units, blocks, UNIT] bytes. Per unit of 16 weight rows and
+    block of 32 inputs, four runs of 64 bytes (run i: each row's codes 4i..4i+3 in the low nibbles and
+    4i+16..4i+19 in the high ones, 4 bytes a row), then the 16 rows' d and m as float16 (exact: the file's own
+    float16 values). Rows past the last one, up to a multiple of 16, are zero blocks."""
     N, K = blocks.codes.shape
-    nb = K // GROUP
-    codes, d, m = blocks.codes.view(N, nb, GROUP), blocks.d, blocks.m
-    if nb % 2:
-        codes = torch.cat((codes, torch.zeros(N, 1, GROUP, dtype=codes.dtype)), dim=1)
-        d, m = (torch.cat((t, torch.zeros(N, 1)), dim=1) for t in (d, m))
-    pairs = codes.view(N, -1, 2, GROUP)
-    packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(N, -1).contiguous()
-    return packed, d.half().contiguous(), m.half().contiguous()
+    if K % GROUP:
+        raise ValueError(f"the int8 kernel needs inputs in whole blocks of {GROUP}; got {K}")
+    nb, units = K // GROUP, -(-N // ROWS)
+    pad = units * ROWS - N
+    codes, d, m = blocks.codes, blocks.d, blocks.m
+    if pad:
+        codes = torch.cat((codes, codes.new_zeros(pad, K)))
+        d, m = (torch.cat((t, t.new_zeros(pad, nb))) for t in (d, m))
+    quads = codes.view(units, ROWS, nb, 8, 4)  # [unit, row, block, group of 4 codes, code]
+    runs = (quads[:, :, :, :4] | (quads[:, :, :, 4:] << 4)).permute(0, 2, 3, 1, 4)  # [unit, block, run, row, 4]
+    scales = [t.half().view(units, ROWS, nb).transpose(1, 2).contiguous().view(torch.uint8) for t in (d, m)]
+    return torch.cat((runs.reshape(units, nb, 256), *scales), dim=-1).contiguous()
 
 
 class Q8Linear:
     """y = x W^T (+ (x A) B) with W as the GGUF's Q4_1 blocks and x quantized to int8 per block of 32 inside
     the kernel. Inputs and outputs float32; the LoRA term (transformer.lora_term) stays float32."""
 
-    def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, in_features: int, lora=None, lib=None):
-        self.codes, self.d, self.m, self.in_features, self.lora = codes, d, m, in_features, lora
-        self.out_features, self.bias = codes.shape[0], None
+    def __init__(self, packed: torch.Tensor, out_features: int, in_features: int, lora=None, lib=None):
+        self.packed, self.out_features, self.in_features, self.lora = packed, out_features, in_features, lora
+        self.bias = None
         self.lib = lib if lib is not None else library().lib
         if self.lib is None:
             raise RuntimeError(library().reason)
@@ -74,7 +82,7 @@ class Q8Linear:
     @classmethod
     def of(cls, blocks) -> "Q8Linear":
         """From q4.Q4Blocks."""
-        return cls(*layout(blocks), blocks.codes.shape[1])
+        return cls(layout(blocks), *blocks.codes.shape)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -82,22 +90,24 @@ class Q8Linear:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
         y = torch.empty(x.shape[0], self.out_features)
-        if self.lib.q8_matmul(self.codes.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features,
-                              self.in_features, x.data_ptr(), x.shape[0], y.data_ptr()):
+        if self.lib.q8_matmul(self.packed.data_ptr(), self.out_features, self.in_features, x.data_ptr(), x.shape[0],
+                              y.data_ptr()):
             raise MemoryError("the int8 kernel could not allocate its scratch rows")
         if self.lora is not None:
             y = lora_term(y, x, *self.lora)
         return y.view(*shape[:-1], self.out_features)
 
     def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> "Q8Linear":
-        return Q8Linear(self.codes, self.d, self.m, self.in_features, (a, b), self.lib)
+        return Q8Linear(self.packed, self.out_features, self.in_features, (a, b), self.lib)
 
     def rows(self, start: int) -> "Q8Linear":
-        """Outputs start.. only (a view: every row is its own run of blocks)."""
+        """Outputs start.. only (a view of whole units: `start` a multiple of 16)."""
+        if start % ROWS:
+            raise ValueError(f"the int8 layout splits only at a multiple of {ROWS} rows")
         lora = None if self.lora is None else (self.lora[0], self.lora[1][:, start:])
-        return Q8Linear(self.codes[start:], self.d[start:], self.m[start:], self.in_features, lora, self.lib)
+        return Q8Linear(self.packed[start // ROWS:], self.out_features - start, self.in_features, lora, self.lib)
 
     @property
     def nbytes(self) -> int:
-        tensors = (self.codes, self.d, self.m, *(self.lora or ()))
+        tensors = (self.packed, *(self.lora or ()))
         return sum(t.numel() * t.element_size() for t in tensors)

@@ -160,6 +160,8 @@ class Decoder:
         self.gqa = self.num_heads != self.num_kv_heads
         self._rope_table = None
         self._kv_only: list[Linear] | None = None
+        # Every layer in one native call where the weights are the int8 kernel's (skipdecode/layer.c)
+        self.fused = _fused_layers(self) if weights is not None and self.family == "llama" else None
 
     @property
     def weights_label(self) -> str:
@@ -254,7 +256,27 @@ class Decoder:
         (None: every column). A `start` given as a one-element tensor is the graphed decode step's form
         (skipdecode/graphs.py): one column, written where the tensor says, and the cache's whole width
         attended under a mask that hides the columns after it, so that no shape depends on the position."""
+        if self.fused is not None and not torch.compiler.is_compiling():
+            if values.stride() != keys.stride():
+                raise ValueError("keys and values must share their strides")
+            return self.fused.forward((layer,), x, rope, mask, keys, start, (values.data_ptr() - keys.data_ptr()) // 4, 0)
         return self._layer(self.blocks[layer], x, rope, mask, keys, values, start)
+
+    def run_layers(self, layers: Sequence[int], x, rope, mask, cache, start: int):
+        """`block` for each of `layers` in turn at cache columns [start, start + S) of `cache` (cache.KVCache):
+        one native call for them all where the layers are fused (a SkipDecode position's layers)."""
+        if self.fused is None:
+            for layer in layers:
+                x = self.block(layer, x, rope, mask, *cache.claim(layer, start, x.shape[1]), start)
+            return x
+        end, lengths = start + x.shape[1], cache.lengths
+        if end > cache.max_len or any(lengths[layer] != start for layer in layers):
+            for layer in layers:
+                cache.claim(layer, start, x.shape[1])  # raises, saying why
+        for layer in layers:  # what claim records, without the views it returns
+            lengths[layer] = end
+        data = cache.data  # [layer, key/value, row, head, column, dim]
+        return self.fused.forward(layers, x, rope, mask, data[0, 0], start, data.stride(1), data.stride(0))
 
     def hidden_states(self, ids: torch.Tensor, ran: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Every position's hidden state after each layer (index 0: the embeddings) for unpadded rows ids
@@ -351,6 +373,17 @@ class Decoder:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self._norm(x, self.final_norm))
+
+
+def _fused_layers(dec: Decoder):
+    """native.Layers for a decoder whose every product is the int8 kernel's, beside the C attention; else None."""
+    from . import native
+    from .q8 import Q8Linear
+
+    linears = [lin for b in dec.blocks for lin in (b.qkv, b.out, b.up, b.down)]
+    if dec.attention_kernel is None or dec.rotary is None or not all(isinstance(l, Q8Linear) for l in linears):
+        return None
+    return native.Layers(dec, linears[0].lib)
 
 
 def _wb(module):

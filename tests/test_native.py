@@ -41,17 +41,22 @@ def reference(blocks: q4.Q4Blocks, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_layout_holds_the_files_blocks_exactly():
-    blocks = random_blocks(64, 96)  # 3 blocks a row: the odd one gains a zero block
-    codes, d, m = q8.layout(blocks)
-    assert codes.shape == (64, 2 * 32) and d.dtype == torch.float16
-    assert torch.equal(d[:, :3].float(), blocks.d) and torch.equal(m[:, :3].float(), blocks.m)
-    assert not d[:, 3].any() and not m[:, 3].any()
-    pairs = codes.view(64, 2, 32)
-    unpacked = torch.cat([torch.stack((p & 15, p >> 4), 1).view(64, 64) for p in pairs.unbind(1)], 1)
-    assert torch.equal(unpacked[:, :96], blocks.codes) and not unpacked[:, 96:].any()
+    """Units of 16 rows, block by block: four runs of 64 bytes (run i: each row's codes 4i..4i+3 low, 4i+16..
+    4i+19 high), then the rows' float16 d and m; rows past the last are zero blocks."""
+    blocks = random_blocks(40, 96)  # 3 blocks a row; 40 rows: the third unit holds 8 rows and 8 zero rows
+    packed = q8.layout(blocks)
+    assert packed.shape == (3, 3, q8.UNIT) and packed.dtype == torch.uint8
+    runs = packed[..., :256].view(3, 3, 4, 16, 4)  # [unit, block, run, row, byte]
+    low, high = runs & 15, runs >> 4
+    codes = torch.cat((low, high), dim=2).permute(0, 3, 1, 2, 4).reshape(48, 96)  # [unit * row, block * 32]
+    d, m = (packed[..., at:at + 32].contiguous().view(torch.float16).transpose(1, 2).reshape(48, 3)
+            for at in (256, 288))
+    assert torch.equal(codes[:40], blocks.codes) and not codes[40:].any()
+    assert torch.equal(d[:40].float(), blocks.d) and torch.equal(m[:40].float(), blocks.m)
+    assert not d[40:].any() and not m[40:].any()
 
 
-@pytest.mark.parametrize("n,k", [(96, 64), (64, 96), (576, 1536), (40, 32)])
+@pytest.mark.parametrize("n,k", [(96, 64), (64, 96), (576, 1536), (40, 32), (7, 64)])
 def test_the_product_is_llama_cpps_arithmetic(n, k):
     blocks = random_blocks(n, k)
     x = torch.randn(5, k)
@@ -81,11 +86,23 @@ def test_lora_rows_and_the_head():
     x = torch.randn(6, 64)
     assert torch.allclose(base.with_lora(a, b)(x), base(x) + (x @ a) @ b, rtol=1e-5, atol=1e-5)
     assert torch.equal(base.rows(32)(x), base(x)[:, 32:])  # the key/value rows of a fused matrix
-    assert base.nbytes == 128 * (32 + 2 * 2 * 2)  # codes, then float16 d and m of 2 blocks: 5 bits a weight
+    assert base.nbytes == 128 * 2 * (16 + 2 * 2)  # per row and block 16 bytes of codes, float16 d and m: 4.5 bits
     head = q4.RescoredHead(torch.randn(512, 64))
     assert isinstance(head.screen, q8.Q8Linear)
     h = torch.randn(16, 64)
     assert all(torch.equal(head(h)[i:i + 1], head(h[i:i + 1])) for i in range(16))
+
+
+@pytest.mark.parametrize("n,k", [(49152, 64), (320, 16), (40, 40), (37, 5)])
+def test_the_heads_selection_is_torch_topks_set(n, k):
+    x = torch.randn(6, n)
+    x[0, :k + 3] = 7.0  # ties above the rest: any k of them
+    got, expected = native.top_k(x, k, native.library().lib), x.topk(k, dim=-1).indices
+    assert got.shape == (6, k) and all(len(set(row.tolist())) == k for row in got)
+    assert set(got[0].tolist()) <= set(range(k + 3))
+    assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(got[1:], expected[1:]))
+    with pytest.raises(ValueError, match="top_k"):
+        native.top_k(x, n + 1, native.library().lib)
 
 
 def attention_inputs(B=2, H=9, Hkv=3, S=5, T=40, hd=64, seed=0):
@@ -186,6 +203,80 @@ def test_a_tiny_llama_on_the_c_kernels_decodes_each_row_as_alone_and_scores_what
         assert engine.decoder.logits(h).argmax(-1).tolist() == answer
 
 
+def adapted_tiny_llama(rank: int = 4):
+    """The tiny Llama on the C kernels with a random LoRA term on every product (as a served adapter has)."""
+    from test_compiled import tiny_int4
+
+    engine = tiny_int4(c_kernels=True)
+    g = torch.Generator().manual_seed(1)
+    blocks = [tuple(lin.with_lora(torch.randn(lin.in_features, rank, generator=g) * 0.1,
+                                  torch.randn(rank, lin.out_features, generator=g) * 0.1) for lin in layer)
+              for layer in engine.decoder.weights.blocks]
+    weights = q4.GGUFWeights(blocks, engine.decoder.lm_head, "int4 (tiny, adapted)", attention=native.attention)
+    return type(engine)(engine.model, engine.tokenizer, weights=weights)
+
+
+def layer_inputs(dec, B=3, S=5, width=16, start=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, S, dec.embed_tokens.shape[1], generator=g)
+    positions = torch.arange(start, start + S).expand(B, S)
+    cache = torch.randn(2, B, dec.num_kv_heads, width, dec.head_dim, generator=g)
+    allowed = torch.ones(B, S, width, dtype=torch.bool).tril(start)
+    allowed[1, :, :2] = False  # row 1 left-padded by 2 columns
+    return x, dec.rope(positions, limit=width), dec.attention_bias(allowed)[:, None, :, :start + S], cache
+
+
+def test_the_fused_layer_is_the_layer_of_per_product_calls():
+    """layer.c (norms, RoPE, cache write, attention, residuals, SiLU * up, LoRA terms, one quantization a
+    product input) against the same layer in PyTorch around the same products: equal within the int8
+    activations' rounding, the cache's new columns likewise, the columns outside them untouched."""
+    dec = adapted_tiny_llama().decoder
+    assert dec.fused is not None and dec.fused.layers[0].down.rank == 4
+    x, rope, mask, cache = layer_inputs(dec)
+    fused_cache, eager_cache = cache.clone(), cache.clone()
+    fused = dec.block(1, x, rope, mask, *fused_cache, 4)
+    eager = dec._layer(dec.blocks[1], x, rope, mask, *eager_cache, 4)
+    assert ((fused - eager).norm() / (eager - x).norm()) < 2e-2
+    assert torch.allclose(fused_cache[:, :, :, 4:9], eager_cache[:, :, :, 4:9], atol=3e-2)
+    assert torch.equal(fused_cache[:, :, :, :4], cache[:, :, :, :4]) and torch.equal(fused_cache[..., 9:, :], cache[..., 9:, :])
+    assert torch.equal(x, layer_inputs(dec)[0])  # the input is not written
+
+
+def test_the_fused_layer_keeps_every_rows_bits():
+    """A row alone, a row in a left-padded batch, a prefill's row and one position at a time: the same bits.
+    And the layers of a position in one call equal the layers one call each; the graphed step's tensor column
+    equals the integer column."""
+    dec = adapted_tiny_llama().decoder
+    x, rope, mask, cache = layer_inputs(dec)
+    batch_cache = cache.clone()
+    batch = dec.block(2, x, rope, mask, *batch_cache, 4)
+    for b in range(3):
+        alone_cache = cache[:, b:b + 1].clone()
+        alone = dec.block(2, x[b:b + 1], (rope[0][b:b + 1], rope[1][b:b + 1]), mask[b:b + 1], *alone_cache, 4)
+        assert torch.equal(alone, batch[b:b + 1]) and torch.equal(alone_cache, batch_cache[:, b:b + 1])
+        steps_cache = cache[:, b:b + 1].clone()
+        for s in range(5):  # one position at a time, each seeing the columns written before it
+            one = dec.block(2, x[b:b + 1, s:s + 1], (rope[0][b:b + 1, s:s + 1], rope[1][b:b + 1, s:s + 1]),
+                            mask[b:b + 1, :, s:s + 1, :5 + s], *steps_cache, 4 + s)
+            assert torch.equal(one, batch[b:b + 1, s:s + 1]), (b, s)
+    from skipdecode.cache import KVCache
+
+    first = KVCache(dec.num_layers, 3, dec.num_kv_heads, 16, dec.head_dim, "cpu", torch.float32)
+    second = KVCache(dec.num_layers, 3, dec.num_kv_heads, 16, dec.head_dim, "cpu", torch.float32)
+    first.data.copy_(torch.randn_like(first.data)), second.data.copy_(first.data)
+    first.lengths, second.lengths = [4] * dec.num_layers, [4] * dec.num_layers
+    one_call = dec.run_layers([0, 2, 5], x, rope, mask, first, 4)
+    y = x
+    for layer in (0, 2, 5):
+        y = dec.block(layer, y, rope, mask, *second.claim(layer, 4, 5), 4)
+    assert torch.equal(one_call, y) and torch.equal(first.data, second.data) and first.lengths == second.lengths
+    with pytest.raises(RuntimeError, match="layer 1 holds 4 positions but is asked to run at column 9"):
+        dec.run_layers([0, 1], x, rope, mask, first, 9)  # layer 1 did not run at columns 4..8: a grown budget
+    column_cache = cache.clone()
+    graphed = dec.block(2, x[:, :1], (rope[0][:, :1], rope[1][:, :1]), mask[:, :, :1], *column_cache, torch.tensor([4]))
+    assert torch.equal(graphed, dec.block(2, x[:, :1], (rope[0][:, :1], rope[1][:, :1]), mask[:, :, :1], *cache.clone(), 4))
+
+
 @pytest.mark.parametrize("extra,isa", [(("-mno-avx512f",), None), (("-mno-avx512f", "-mno-avxvnni"), "AVX2")])
 def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp_path, monkeypatch):
     """The forms a CPU without AVX-512 (or without VNNI) runs, built here with those instructions turned off:
@@ -195,12 +286,19 @@ def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp
     assert built.lib is not None, built.reason
     assert built.isa in ({"AVX2", "AVX-VNNI"} if isa is None else {isa})
     blocks = random_blocks(200, 576)
-    lin = q8.Q8Linear(*q8.layout(blocks), 576, lib=built.lib)
+    lin = q8.Q8Linear(q8.layout(blocks), 200, 576, lib=built.lib)
     x = torch.randn(19, 576)
     y = lin(x)
     expected = reference(blocks, x)
     assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     assert all(torch.equal(lin(x[i:i + 1]), y[i:i + 1]) for i in range(19))
+    assert torch.equal(y, q8.Q8Linear.of(blocks)(x))  # each lane runs the AVX-512 form's operations
+    monkeypatch.setattr(native, "_LIBRARY", [built])  # the fused layers on this build: every row as alone
+    dec = adapted_tiny_llama().decoder
+    inputs, rope, mask, cache = layer_inputs(dec)
+    batch = dec.block(1, inputs, rope, mask, *cache.clone(), 4)
+    assert all(torch.equal(dec.block(1, inputs[b:b + 1], (rope[0][b:b + 1], rope[1][b:b + 1]), mask[b:b + 1],
+                                     *cache[:, b:b + 1].clone(), 4), batch[b:b + 1]) for b in range(3))
     q, keys, values = attention_inputs(B=1, S=4, T=20)
     causal = torch.zeros(4, 20).masked_fill_(~torch.ones(4, 20, dtype=torch.bool).tril(16), float("-inf"))
     prefill = native.attention(q, keys, values, causal[None, None], lib=built)
@@ -211,3 +309,20 @@ def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp
         alone = native.attention(q[:, :, s:s + 1], keys[:, :, :17 + s], values[:, :, :17 + s], None, lib=built)
         assert torch.equal(alone, prefill[:, :, s:s + 1])
 
+
+
+def test_the_kernels_sources_and_header_ship_with_the_package_and_the_space():
+    """Every file the library builds from (native.SOURCES and HEADERS) is in the wheel's package data and in
+    what scripts/publish_space.py sends: a Space or an installed package builds the same library."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from test_publish_space import publish_space
+
+    root = Path(native.__file__).resolve().parents[1]
+    files = [p.relative_to(root).as_posix() for p in (*native.SOURCES, *native.HEADERS)]
+    package = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["skipdecode"]
+    assert all(any(fnmatch.fnmatch(Path(f).name, pattern) for pattern in package) for f in files), package
+    sent = {f.path for f in publish_space.space_files()}
+    assert set(files) <= sent

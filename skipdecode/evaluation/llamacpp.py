@@ -2,11 +2,18 @@
 declares llama-cpp-python as its dependency), on the same GGUF file.
 
 Like with like: the same token ids (the engine's encoded prompt, fed as tokens, so prompt and length
-match exactly), greedy, batch 1, exactly `new_tokens` new tokens (llama-cpp-python's `generate` does not
-stop at EOS; its `create_completion` would), as many threads as torch uses, and timed as
-`bench.time_engine` times ours: from the call to the first token (the prefill and its token), and from
-the first token to the last, over the decode steps after it (ms per token, prefill excluded). Every call
-starts from an empty KV cache (`reset`), as ours does: no prompt prefix is reused between rounds.
+match exactly), greedy, batch 1, exactly `new_tokens` new tokens (EOS does not stop it), as many threads as
+torch uses, and timed as `bench.time_engine` times ours: from the call to the first token (the prefill and
+its token: the time to first token), and from the first token to the last, over the decode steps after it
+(ms per token, prefill excluded). Every call starts from an empty KV cache, as ours does: no prompt prefix
+is reused between rounds.
+
+Timed as llama.cpp runs natively (`LlamaCpp.time`): the loop of llama.cpp's own `llama-simple` example, one
+`llama_decode` of the prompt, then one per token, each followed by llama.cpp's greedy sampler in C
+(`llama_sampler_sample`): four ctypes calls a token, nothing else in Python. llama-cpp-python's
+high-level `Llama.generate` adds its Python around each token (its sampler object, its token bookkeeping);
+`LlamaCpp.time_generate` times that path too, and the bench reports the difference per token as
+`generate_overhead_ms` beside the row, outside its figures.
 
 llama-cpp-python compiles llama.cpp when it is installed (about 10 minutes on 2 cores), so `make
 bench-peers` installs it and `make install` / `make test` never do; without it the bench says so and
@@ -46,10 +53,38 @@ class LlamaCpp:
         self.gguf, self.threads, self.version = Path(gguf), threads, llama_cpp.__version__
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads,
                                    n_ctx=max(CONTEXT, context), verbose=False)
+        self.cpp = llama_cpp
+        self.greedy = llama_cpp.llama_sampler_init_greedy()  # llama.cpp's own greedy sampler (C)
+
+    def __del__(self):
+        greedy = getattr(self, "greedy", None)
+        if greedy:
+            self.cpp.llama_sampler_free(greedy)
 
     def time(self, ids: list[int], new_tokens: int):
         """((total ms, first-token ms, decode ms per step), generated ids) of one greedy generation of
-        exactly `new_tokens` tokens from the token ids `ids`."""
+        exactly `new_tokens` tokens from the token ids `ids`, in llama.cpp's own decode loop (the module's
+        docstring): llama_decode and llama.cpp's greedy sampler, called directly."""
+        cpp, ctx = self.cpp, self.llm.ctx
+        cpp.llama_memory_clear(cpp.llama_get_memory(ctx), True)  # an empty cache
+        prompt, one = (cpp.llama_token * len(ids))(*ids), (cpp.llama_token * 1)()
+        started = time.perf_counter()
+        if cpp.llama_decode(ctx, cpp.llama_batch_get_one(prompt, len(ids))):
+            raise RuntimeError("llama.cpp's llama_decode failed on the prompt")
+        tokens = [cpp.llama_sampler_sample(self.greedy, ctx, -1)]
+        first = time.perf_counter()  # the prefill and its token, as in time_engine
+        while len(tokens) < new_tokens:
+            one[0] = tokens[-1]
+            if cpp.llama_decode(ctx, cpp.llama_batch_get_one(one, 1)):
+                raise RuntimeError("llama.cpp's llama_decode failed")
+            tokens.append(cpp.llama_sampler_sample(self.greedy, ctx, -1))
+        end = time.perf_counter()
+        self.llm.n_tokens = 0  # the high-level object's view of the cache: empty again for its next call
+        return figures(started, first, end, new_tokens), tokens
+
+    def time_generate(self, ids: list[int], new_tokens: int):
+        """`time`'s figures and ids through llama-cpp-python's high-level `Llama.generate` (its Python
+        sampling and bookkeeping around each llama_decode): what the native loop leaves out."""
         self.llm.reset()  # an empty cache: `generate` would otherwise reuse the prompt from the last call
         tokens, first = [], None
         started = time.perf_counter()
@@ -64,8 +99,12 @@ class LlamaCpp:
         steps.close()
         if len(tokens) != new_tokens:
             raise RuntimeError(f"llama.cpp generated {len(tokens)} tokens, not {new_tokens}")
-        decode_steps = max(new_tokens - 1, 1)
-        return ((end - started) * 1000, (first - started) * 1000, (end - first) * 1000 / decode_steps), tokens
+        return figures(started, first, end, new_tokens), tokens
+
+
+def figures(started: float, first: float, end: float, new_tokens: int) -> tuple[float, float, float]:
+    """(total ms, first-token ms, decode ms per step) from the clock at the call, the first token and the last."""
+    return (end - started) * 1000, (first - started) * 1000, (end - first) * 1000 / max(new_tokens - 1, 1)
 
 
 def for_engine(engine, context: int, threads: int) -> LlamaCpp:

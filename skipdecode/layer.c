@@ -1,0 +1,258 @@
+/* Decoder layers of the llama family in one call: RMSNorm, the fused query/key/value product, RoPE, the KV
+   cache write, attention, the output product and its residual, RMSNorm, the gate/up product, SiLU(gate) * up,
+   the down product and its residual; each product's input quantized to int8 once (q8.c), its LoRA term (the
+   served adapter's, unmerged) added in float32.
+
+   Eager PyTorch spent about 2 ms of a 5.6 ms step around the products (docs/speed.md): some 45 operator
+   calls a layer, each with its dispatch, allocation and thread hand-off. Here a call runs a list of layers
+   (one, from Decoder.block; or every layer a SkipDecode position runs) inside one OpenMP team: the row-wise
+   work between products runs row by row, the products and the attention split across the threads, with a
+   barrier between phases.
+
+   Bits: every value of a row is computed from that row alone in a fixed order (the norm's sum in 16 lanes
+   then halves, the products as q8.c, the LoRA sums in index order, the attention as attention.c, elementwise
+   functions the same whether a loop is vectorized or not): a row has the same bits alone, in a batch, in a
+   prefill and in a verify pass. Built with -ffp-contract=off. */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+typedef struct {
+    const uint8_t *w; /* the Q4_1 blocks in q8.c's layout */
+    int64_t n, k;     /* outputs, inputs */
+    const float *a;   /* LoRA: a [k, rank], b [rank, n] (the scale folded into b); a NULL: none */
+    const float *b;
+    int64_t rank;
+} Product;
+
+typedef struct {
+    const float *norm1, *norm2; /* RMSNorm weights [d] */
+    Product qkv, out, up, down; /* up: gate then up, [2 ffn] outputs */
+} Layer;
+
+typedef struct {
+    int64_t d, heads, kv_heads, head_dim, ffn;
+    float eps;
+} Config;
+
+typedef struct {
+    float *x; /* hidden states [B, S, d], contiguous, updated in place */
+    int64_t B, S;
+    const float *cos, *sin; /* RoPE: cos and signed sin (transformer.Decoder.rope) [B, S, hd], strides rb, rs */
+    int64_t rb, rs;
+    const float *mask; /* additive mask [B, S, >= T], strides mb, ms, columns contiguous; NULL: every column */
+    int64_t mb, ms;
+    float *cache; /* keys of layer l, row b, head h, column t at cache + l cl + b cb + h ch + t ct; values + cv */
+    int64_t cl, cv, cb, ch, ct;
+    int64_t start, T; /* the S new columns go at start..; attention over columns 0..T-1 */
+} Call;
+
+/* RMSNorm of one row: its sum of squares in 16 lanes, then halves added pairwise */
+static void rms_norm(const float *x, const float *w, int64_t d, float eps, float *out) {
+    float part[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16)
+        for (int j = 0; j < 16; j++) part[j] = fmaf(x[i + j], x[i + j], part[j]);
+    for (int j = 0; i + j < d; j++) part[j] = fmaf(x[i + j], x[i + j], part[j]);
+    for (int h = 8; h; h /= 2)
+        for (int j = 0; j < h; j++) part[j] += part[j + h];
+    const float inverse = 1.0f / sqrtf(part[0] / (float)d + eps);
+    for (i = 0; i < d; i++) out[i] = x[i] * inverse * w[i];
+}
+
+/* SiLU(gate) * up for one row */
+static void swiglu(const float *gate, const float *up, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + exp_any(-gate[i])) * up[i];
+}
+
+/* xa [rank] = x [k] a [k, rank], the sum over k in index order */
+static void lora_in(const Product *p, const float *x, float *xa) {
+    for (int64_t j = 0; j < p->rank; j++) xa[j] = 0.0f;
+    for (int64_t i = 0; i < p->k; i++) {
+        const float *ai = p->a + i * p->rank;
+        for (int64_t j = 0; j < p->rank; j++) xa[j] = fmaf(x[i], ai[j], xa[j]);
+    }
+}
+
+/* A product's input rows quantized (q8.c), and their LoRA xa; `x` holds the float rows they came from */
+typedef struct {
+    float *x, *xa;
+    int8_t *q;
+    float *dx, *sx;
+} Acts;
+
+/* The buffers of a call: the products' outputs, shared by the team */
+typedef struct {
+    float *qkv, *att, *up, *sum;
+    int64_t rank_max;
+} Work;
+
+/* The product's outputs in units u0..u1 for every row: y = W x (+ (x a) b), or with `residual`
+   residual += that. The order of a value's float steps is the same whatever u0, u1 or the thread. */
+static void product_units(const Product *p, const Acts *in, const Work *wk, int64_t rows, int64_t u0, int64_t u1,
+                          float *y, int64_t ldy, float *residual, int64_t ldr) {
+    float *tmp = residual ? wk->sum : y; /* with a residual the product lands in sum first */
+    const int64_t ldt = residual ? p->n : ldy;
+    q8_units(p->w, p->k, u0, u1, p->n, in->q, in->dx, in->sx, rows, tmp, ldt);
+    const int64_t n0 = u0 * ROWS, n1 = u1 * ROWS < p->n ? u1 * ROWS : p->n;
+    for (int64_t r = 0; r < rows; r++) {
+        float *t = tmp + r * ldt;
+        if (p->a) {
+            const float *xa = in->xa + r * wk->rank_max;
+            float acc[ROWS * 4];
+            for (int64_t n = n0; n < n1; n += ROWS * 4) {
+                const int64_t m = n1 - n < ROWS * 4 ? n1 - n : ROWS * 4;
+                for (int64_t i = 0; i < m; i++) acc[i] = 0.0f;
+                for (int64_t j = 0; j < p->rank; j++) {
+                    const float *bj = p->b + j * p->n + n;
+                    for (int64_t i = 0; i < m; i++) acc[i] = fmaf(xa[j], bj[i], acc[i]);
+                }
+                for (int64_t i = 0; i < m; i++) t[n + i] = t[n + i] + acc[i];
+            }
+        }
+        if (residual)
+            for (int64_t n = n0; n < n1; n++) residual[r * ldr + n] = residual[r * ldr + n] + t[n];
+    }
+}
+
+/* Row r of a product's input: quantized, and its LoRA xa */
+static void prepare(const Product *p, const Acts *a, int64_t rank_max, int64_t r) {
+    const int64_t nb = p->k / GROUP;
+    const float *x = a->x + r * p->k;
+    q8_quantize(x, p->k, a->q + r * p->k, a->dx + r * nb, a->sx + r * nb);
+    if (p->a) lora_in(p, x, a->xa + r * rank_max);
+}
+
+/* every unit of a product, shared among the team's threads (chunks of 4 units: one head of 64 rows) */
+static void product(const Product *p, const Acts *in, const Work *wk, int64_t rows, float *y, int64_t ldy,
+                    float *residual, int64_t ldr) {
+    const int64_t units = (p->n + ROWS - 1) / ROWS;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; u += 4)
+        product_units(p, in, wk, rows, u, u + 4 < units ? u + 4 : units, y, ldy, residual, ldr);
+}
+
+static void rope(float *t, const float *cos, const float *sin, int64_t hd, float *tmp) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) tmp[i] = t[i] * cos[i] + t[i + half] * sin[i];
+    for (int64_t i = half; i < hd; i++) tmp[i] = t[i] * cos[i] + t[i - half] * sin[i];
+    memcpy(t, tmp, sizeof(float) * (size_t)hd);
+}
+
+static Acts acts(int64_t rows, int64_t k_max, int64_t rank_max) {
+    Acts a = {malloc(sizeof(float) * (size_t)(rows * k_max)), malloc(sizeof(float) * (size_t)(rows * rank_max + 1)),
+              malloc((size_t)(rows * k_max)), malloc(sizeof(float) * (size_t)(rows * k_max / GROUP)),
+              malloc(sizeof(float) * (size_t)(rows * k_max / GROUP))};
+    return a;
+}
+
+static int acts_ok(const Acts *a) { return a->x && a->xa && a->q && a->dx && a->sx; }
+
+static void acts_free(Acts *a) { free(a->x), free(a->xa), free(a->q), free(a->dx), free(a->sx); }
+
+/* Up to this many rows, every thread prepares a product's whole input for itself (the same bits in each):
+   a decode step's few rows cost less than a barrier; more rows are split among the threads. */
+#define OWN_ROWS 8
+
+/* layers[which[0]], ..., layers[which[count - 1]] on call->x. Returns 0, or -1 when scratch memory is short
+   or the sizes do not fit the kernels.
+
+   Barriers a layer: after the query/key/value product, after the attention, after each of the other three
+   products (their inputs need every output of the step before); with more than OWN_ROWS rows, also after
+   each preparation of a product's input. RoPE, the cache write and the attention of a kv head's group
+   run in one task per batch row, with no barrier between them. */
+int layers_forward(const Layer *layers, const Config *c, const int64_t *which, int64_t count, const Call *call) {
+    const int64_t R = call->B * call->S, S = call->S, d = c->d, hd = c->head_dim, H = c->heads, Hkv = c->kv_heads;
+    const int64_t width = (H + 2 * Hkv) * hd, group = H / Hkv;
+    if (d % GROUP || (H * hd) % GROUP || c->ffn % GROUP || hd % 2) return -1;
+    Work wk = {0};
+    int64_t k_max = d > c->ffn ? d : c->ffn;
+    k_max = k_max > H * hd ? k_max : H * hd;
+    for (int64_t i = 0; i < count; i++) {
+        const Layer *l = layers + which[i];
+        const Product *ps[4] = {&l->qkv, &l->out, &l->up, &l->down};
+        for (int j = 0; j < 4; j++)
+            if (ps[j]->a && ps[j]->rank > wk.rank_max) wk.rank_max = ps[j]->rank;
+    }
+    const int own = R <= OWN_ROWS;
+    wk.qkv = malloc(sizeof(float) * (size_t)(R * width));
+    wk.att = malloc(sizeof(float) * (size_t)(R * H * hd));
+    wk.up = malloc(sizeof(float) * (size_t)(R * 2 * c->ffn));
+    wk.sum = malloc(sizeof(float) * (size_t)(R * (d > 2 * c->ffn ? d : 2 * c->ffn)));
+    Acts shared = own ? (Acts){0} : acts(R, k_max, wk.rank_max);
+    int failed = !wk.qkv || !wk.att || !wk.up || !wk.sum || (!own && !acts_ok(&shared));
+    if (!failed) {
+#pragma omp parallel reduction(| : failed)
+        {
+            float *scores = malloc(sizeof(float) * (size_t)(call->T + hd));
+            int64_t *seen = malloc(sizeof(int64_t) * (size_t)call->T);
+            Acts mine = own ? acts(R, k_max, wk.rank_max) : shared;
+            const int ok = scores && seen && acts_ok(&mine);
+            Acts *in = &mine;
+/* a product's input rows, each row r made by `make` into in->x and prepared: by every thread for itself, or
+   split among the threads and then shared */
+#define INPUT(p, make)                                                    \
+    do {                                                                  \
+        if (own) {                                                        \
+            for (int64_t r = 0; r < R && ok; r++) {                       \
+                make;                                                     \
+                prepare(p, in, wk.rank_max, r);                           \
+            }                                                             \
+        } else {                                                          \
+            _Pragma("omp for schedule(static)")                           \
+            for (int64_t r = 0; r < R; r++) {                             \
+                make;                                                     \
+                prepare(p, in, wk.rank_max, r);                           \
+            }                                                             \
+        }                                                                 \
+    } while (0)
+            for (int64_t i = 0; i < count; i++) {
+                const Layer *l = layers + which[i];
+                float *keys = call->cache + which[i] * call->cl, *values = keys + call->cv;
+                INPUT(&l->qkv, rms_norm(call->x + r * d, l->norm1, d, c->eps, in->x + r * d));
+                product(&l->qkv, in, &wk, R, wk.qkv, width, NULL, 0);
+                /* per batch row and kv head: RoPE on its keys and its group's queries, its keys and values
+                   into the cache, then its group's attention */
+#pragma omp for schedule(static)
+                for (int64_t task = 0; task < call->B * Hkv; task++) {
+                    if (!ok) continue;
+                    const int64_t b = task / Hkv, g = task % Hkv;
+                    for (int64_t s = 0; s < S; s++) {
+                        const int64_t t = call->start + s;
+                        float *row = wk.qkv + (b * S + s) * width;
+                        if (call->cos) {
+                            const float *cos = call->cos + b * call->rb + s * call->rs;
+                            const float *sin = call->sin + b * call->rb + s * call->rs;
+                            for (int64_t h = g * group; h < (g + 1) * group; h++) rope(row + h * hd, cos, sin, hd, scores + call->T);
+                            rope(row + (H + g) * hd, cos, sin, hd, scores + call->T);
+                        }
+                        memcpy(keys + b * call->cb + g * call->ch + t * call->ct, row + (H + g) * hd, sizeof(float) * (size_t)hd);
+                        memcpy(values + b * call->cb + g * call->ch + t * call->ct, row + (H + Hkv + g) * hd,
+                               sizeof(float) * (size_t)hd);
+                    }
+                    const float *kv = keys + b * call->cb + g * call->ch;
+                    for (int64_t s = 0; s < S; s++)
+                        for (int64_t h = g * group; h < (g + 1) * group; h++)
+                            attention_row(wk.qkv + (b * S + s) * width + h * hd, kv, kv + call->cv, call->ct,
+                                          call->mask ? call->mask + b * call->mb + s * call->ms : NULL, call->T, hd,
+                                          wk.att + (b * S + s) * H * hd + h * hd, scores, seen);
+                }
+                INPUT(&l->out, memcpy(in->x + r * H * hd, wk.att + r * H * hd, sizeof(float) * (size_t)(H * hd)));
+                product(&l->out, in, &wk, R, NULL, 0, call->x, d);
+                INPUT(&l->up, rms_norm(call->x + r * d, l->norm2, d, c->eps, in->x + r * d));
+                product(&l->up, in, &wk, R, wk.up, 2 * c->ffn, NULL, 0);
+                INPUT(&l->down, swiglu(wk.up + r * 2 * c->ffn, wk.up + r * 2 * c->ffn + c->ffn, c->ffn, in->x + r * c->ffn));
+                product(&l->down, in, &wk, R, NULL, 0, call->x, d);
+            }
+#undef INPUT
+            if (!ok) failed = 1;
+            free(scores), free(seen);
+            if (own) acts_free(&mine);
+        }
+    }
+    free(wk.qkv), free(wk.att), free(wk.up), free(wk.sum);
+    if (!own) acts_free(&shared);
+    return failed ? -1 : 0;
+}
