@@ -162,4 +162,8 @@ def prefill(dec, cache: KVCache, ids, prefixes: PrefixCache | None) -> tuple[tor
     return logits, m
 
 
-PREFIXES = PrefixCache()  # the process's store, shared by every engine (each decoder its own entries)
+# The process's stores, each decoder its own entries: full decoding's (every Engine's), and verified
+# decoding's. Two, so that a comparison's two sides, which decode the same prompt side by side, each reuse
+# only what their own earlier requests computed, never the other side's copy of this very prompt.
+PREFIXES = PrefixCache()
+VERIFIED_PREFIXES = PrefixCache()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -39,7 +40,7 @@ from .cache import KVCache
 from .drafting import PROMPT, SKIPDECODE, THRESHOLD, Costs, Pacing
 from .engine import Engine, Generation, Prompt, Scheduled, cache_width, check_new_tokens
 from .lookup import MIN_NGRAM, NGRAM, PromptLookup
-from .prefix import PrefixCache, forward, prefill
+from .prefix import VERIFIED_PREFIXES, PrefixCache, forward, prefill
 from .sampling import Sampling, next_tokens, probabilities
 from .schedule import Schedule
 from .trace import StepRecord, Trace
@@ -160,14 +161,15 @@ class Verified:
     """`draft` drafts under the stream's schedule; `verifier` checks at full depth. Both must share a
     tokenizer (adapters of one base). `draft_tokens`: k, drafts a round at most; `threshold`: the
     confidence stop; `lookup`: prompt lookup's (longest, shortest) n-gram, or None for no copies from the
-    prompt; `costs`: the cost model (default: measured on this machine at the first request); `prefixes`:
-    the prefix cache the verifier's prefill reads and fills (default: the verifier engine's)."""
+    prompt; `costs`: the cost model (default: measured on this machine once per verifier and draft budget);
+    `prefixes`: the prefix cache the verifier's prefill reads and fills (default: verified decoding's own
+    store, prefix.VERIFIED_PREFIXES; None: none)."""
 
     batch_one = True  # the batcher runs each request as its own batch
 
     def __init__(self, draft: Engine, verifier: Engine, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
                  threshold: float = THRESHOLD, lookup: tuple[int, int] | None = (NGRAM, MIN_NGRAM),
-                 costs: Costs | None = None, prefixes: PrefixCache | None | str = "engine"):
+                 costs: Costs | None = None, prefixes: PrefixCache | None = VERIFIED_PREFIXES):
         if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, numbers.Integral) or draft_tokens < 1:
             raise ValueError(f"draft tokens must be an integer >= 1; got {draft_tokens!r}")
         if not 0.0 <= threshold <= 1.0:
@@ -176,7 +178,7 @@ class Verified:
             raise ValueError("the draft and the verifier must be the same model (adapters of one base)")
         self.draft, self.verifier, self.k = draft, verifier, int(draft_tokens)
         self.threshold, self.lookup, self.costs = float(threshold), lookup, costs
-        self.prefixes = verifier.prefixes if prefixes == "engine" else prefixes
+        self.prefixes = prefixes
         self.name = f"{draft.name} drafts, {verifier.name} verifies"
         self.tokenizer, self.decoder, self.num_layers = verifier.tokenizer, verifier.decoder, verifier.num_layers
         self.eos_ids, self.pad_id = verifier.eos_ids, verifier.pad_id
@@ -313,9 +315,16 @@ class Verified:
         yield gen
 
     def _costs(self, column: Scheduled) -> Costs:
-        """The cost model: given, or measured once on this machine (a few passes on a scratch cache)."""
-        if self.costs is None:
-            dec, width, at = self.verifier.decoder, self.k + 33, 32
+        """The cost model: given, or this machine's for the verifier and a draft of this many layers,
+        measured once (a few passes on a scratch cache) and shared by the requests after it (a comparison
+        makes a fresh pair per request)."""
+        if self.costs is not None:
+            return self.costs
+        dec, draft = self.verifier.decoder, self.draft.decoder
+        key = (len(column.schedule.layers(0)), self.k)
+        known = _MEASURED.setdefault(dec, {})
+        if key not in known:
+            width, at = self.k + 33, 32
             scratch = _cache(dec, width)
             scratch.data.zero_()
 
@@ -325,14 +334,17 @@ class Verified:
 
             def run_draft():
                 scratch.truncate(at)
-                x = _draft_step(self.draft.decoder, scratch, column, self.pad_id, at, 0, width)
-                self.draft.decoder.logits(x[:, -1]).softmax(-1)
+                x = _draft_step(draft, scratch, column, self.pad_id, at, 0, width)
+                draft.logits(x[:, -1]).softmax(-1)
 
             scratch.lengths = [at] * dec.num_layers
             with torch.inference_mode():
                 run_pass(1)  # a first call may pay for allocations
-                self.costs = Costs().measure(run_pass, run_draft, self.k + 1)
-        return self.costs
+                known[key] = Costs().measure(run_pass, run_draft, self.k + 1)
+        return known[key]
+
+
+_MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier decoder -> {(draft layers, k): Costs}
 
 
 def accept(logits: torch.Tensor, drafts: list[int], q: list, sampling: Sampling,

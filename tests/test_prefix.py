@@ -8,7 +8,7 @@ import torch
 
 from conftest import IdTokenizer, tiny_model
 from skipdecode.engine import Engine
-from skipdecode.prefix import PrefixCache, prefill
+from skipdecode.prefix import PREFIXES, VERIFIED_PREFIXES, PrefixCache, prefill
 from skipdecode.verify import Verified, _cache
 
 SYSTEM = [7, 31, 64, 9, 12, 250, 3, 44]  # a fixed opening every prompt shares, like a chat template's system turn
@@ -53,11 +53,12 @@ def test_full_and_verified_decoding_use_and_report_it(pair):
             got = engine.generate([SYSTEM + tail], None, 10)
             assert got.token_ids == want.token_ids and want.trace.prefix_tokens == 0
         assert got.trace.prefix_tokens == len(SYSTEM) and got.to_dict()["trace"]["prefix_tokens"] == len(SYSTEM)
-        run = Verified(pair[1], engine, 3)  # the verifier's prefill reads the verifier engine's store
+        run = Verified(pair[1], engine, 3, prefixes=store)  # here: the full side's store, to find its entries
         v = run.generate([SYSTEM + [5, 6, 7, 1]], None, 10)
         assert v.token_ids == cold.generate([SYSTEM + [5, 6, 7, 1]], None, 10).token_ids
         assert v.verification.prefix_tokens == len(SYSTEM) + 3 == v.trace.prefix_tokens
         assert v.verification.to_dict()["prefix_tokens"] == len(SYSTEM) + 3
+        assert Verified(pair[1], engine, 3).prefixes is VERIFIED_PREFIXES is not PREFIXES  # by default: its own
     finally:
         engine.prefixes = None
 
