@@ -82,8 +82,10 @@ class PrefixCache:
         return space
 
     def lookup(self, dec, ids) -> tuple[int, torch.Tensor | None]:
-        """The longest stored prefix of `ids` for this decoder, at most len(ids) - 1 tokens (one must run to
-        give the next token): its length and keys and values [layer, key/value, head, column, dim]."""
+        """The longest stored prefix of `ids` for this decoder, at most len(ids) - 2 tokens: its length and
+        keys and values [layer, key/value, head, column, dim]. At least two prompt tokens run, because a pass
+        of one row may round an unmerged adapter's LoRA term otherwise than a pass of several (q4.lora_term on
+        some CPUs), and a prompt's prefill is always a pass of several."""
         if not self.serves(dec):
             return 0, None
         ids = tuple(ids)
@@ -98,7 +100,7 @@ class PrefixCache:
                     best, found, best_key = m, kv, key
             if found is not None:
                 self._entries.move_to_end(best_key)
-            best = min(best, len(ids) - 1)
+            best = min(best, len(ids) - 2)
             self.hits, self.misses = self.hits + (best > 0), self.misses + (best == 0)
         return (best, found) if best > 0 else (0, None)
 

@@ -37,9 +37,9 @@ def test_a_hit_gives_what_a_miss_computes(pair):
     torch.testing.assert_close(hit.data[..., :len(second), :], miss.data[..., :len(second), :], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(hit_logits, miss_logits, rtol=1e-5, atol=1e-5)
     assert not PrefixCache(1 << 24).serves(dec)  # float32: off unless asked
-    with torch.inference_mode():  # the same prompt again: all but its last token from the store
+    with torch.inference_mode():  # the same prompt again: all but its last two tokens from the store
         again = _cache(dec, 32)
-        assert prefill(dec, again, second, store)[1] == len(second) - 1
+        assert prefill(dec, again, second, store)[1] == len(second) - 2
 
 
 def test_full_and_verified_decoding_use_and_report_it(pair):
@@ -48,14 +48,14 @@ def test_full_and_verified_decoding_use_and_report_it(pair):
     try:
         cold = Engine(engine.model, IdTokenizer())
         cold.prefixes = None
-        for tail in ([5, 6, 7], [5, 6, 8, 9], [11]):
+        for tail in ([5, 6, 7], [5, 6, 8, 9], [11, 12, 13]):
             want = cold.generate([SYSTEM + tail], None, 10)
             got = engine.generate([SYSTEM + tail], None, 10)
             assert got.token_ids == want.token_ids and want.trace.prefix_tokens == 0
         assert got.trace.prefix_tokens == len(SYSTEM) and got.to_dict()["trace"]["prefix_tokens"] == len(SYSTEM)
         run = Verified(pair[1], engine, 3, prefixes=store)  # here: the full side's store, to find its entries
-        v = run.generate([SYSTEM + [5, 6, 7, 1]], None, 10)
-        assert v.token_ids == cold.generate([SYSTEM + [5, 6, 7, 1]], None, 10).token_ids
+        v = run.generate([SYSTEM + [5, 6, 7, 1, 2]], None, 10)
+        assert v.token_ids == cold.generate([SYSTEM + [5, 6, 7, 1, 2]], None, 10).token_ids
         assert v.verification.prefix_tokens == len(SYSTEM) + 3 == v.trace.prefix_tokens
         assert v.verification.to_dict()["prefix_tokens"] == len(SYSTEM) + 3
         assert Verified(pair[1], engine, 3).prefixes is VERIFIED_PREFIXES is not PREFIXES  # by default: its own
@@ -99,7 +99,7 @@ def test_decoders_never_read_each_others_entries_under_concurrent_requests(pair)
             fresh.append(_cache(engines[e].decoder, 32))
             prefill(engines[e].decoder, fresh[e], prompts[0], None)
         for e in range(2):
-            m, kv = store.lookup(engines[e].decoder, prompts[0] + [1])
+            m, kv = store.lookup(engines[e].decoder, prompts[0] + [1, 2])
             assert m == len(prompts[0])
             torch.testing.assert_close(kv[:, :, :, :m], fresh[e].data[:, :, 0, :, :m], rtol=1e-5, atol=1e-5)
             assert (kv[:, :, :, :m] - fresh[1 - e].data[:, :, 0, :, :m]).abs().max() > 0.1
@@ -115,8 +115,8 @@ def test_the_store_stays_within_its_bytes(pair):
             assert store.bytes <= store.max_bytes
     assert len(store) == 4  # 9-token prompts, 40 tokens' room: the 4 most recent
     with torch.inference_mode():
-        assert store.lookup(dec, [111] + SYSTEM + [1])[0] == len(SYSTEM) + 1  # the newest is kept
-        assert store.lookup(dec, [100] + SYSTEM + [1])[0] == 0  # the oldest went first
+        assert store.lookup(dec, [111] + SYSTEM + [1, 2])[0] == len(SYSTEM) + 1  # the newest is kept
+        assert store.lookup(dec, [100] + SYSTEM + [1, 2])[0] == 0  # the oldest went first
         prefill(dec, _cache(dec, 32), [111] + SYSTEM + [4, 4], store)  # it extends an entry: replaces it
     assert len(store) == 4 and store.bytes <= store.max_bytes
     off = PrefixCache(0, any_decoder=True)
@@ -131,7 +131,7 @@ def test_the_store_stays_within_its_bytes(pair):
 def test_bundled_model_hit_equals_miss():
     """The 4-bit default on two chat prompts (the system turn shared): the second's cache and answer with
     the first's prefix stored are the bits without it."""
-    engine = Engine.load()
+    engine = Engine.load(dtype="int4")
     prompts = ["What is the capital of France?", "Write one line about tea."]
     engine.prefixes = None
     want = [engine.generate([p], None, 16) for p in prompts]
