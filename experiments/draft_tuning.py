@@ -65,14 +65,14 @@ def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs) -> tupl
     n, spent, kept_total = 1, 0.0, 0
     while n < len(answer):
         room = rec["new_tokens"] - n - 1
-        drafts, sources, steps = [], [], 0
+        drafts, sources, sure, steps = [], [], [], 0
 
         def copy() -> bool:
             before = len(drafts)
             for t in copier.propose(ids + answer[:n] + drafts, min(room, k) - len(drafts)) if copier else []:
-                if not pacing.allows(PROMPT, sources):
+                if not pacing.allows(PROMPT, sure):
                     break
-                drafts.append(t), sources.append(PROMPT)
+                drafts.append(t), sources.append(PROMPT), sure.append(pacing.acceptance[PROMPT])
                 if t in eos:
                     break
             return len(drafts) > before
@@ -80,12 +80,12 @@ def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs) -> tupl
         if room and copy():
             pass
         elif room and pacing.drafting():
-            chain, sure = chains[n - 1]
+            chain, confidence = chains[n - 1]
             for j in range(K_MAX):
-                drafts.append(chain[j]), sources.append(SKIPDECODE)
+                drafts.append(chain[j]), sources.append(SKIPDECODE), sure.append(confidence[j])
                 steps += 1
-                if (chain[j] in eos or len(drafts) >= room or copy() or sure[j] < threshold
-                        or not pacing.allows(SKIPDECODE, sources)):
+                if (chain[j] in eos or len(drafts) >= room or copy() or confidence[j] < threshold
+                        or not pacing.allows(SKIPDECODE, sure)):
                     break
         accepted = next((i for i, d in enumerate(drafts) if n + i >= len(answer) or answer[n + i] != d), len(drafts))
         emitted = min(accepted + 1, len(answer) - n)

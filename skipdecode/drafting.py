@@ -5,8 +5,9 @@ pass cost. Three rules, all in units of one full-depth step of one position (`Co
 machine, or fixed for a test):
 - the confidence stop (dynamic speculation, as in transformers' `assistant_confidence_threshold`): a round
   stops drafting after a draft whose top-1 probability is below `threshold`;
-- the cost cap (as llama.cpp's measured draft table): the j-th draft of a round is made only if its expected
-  gain, rolling acceptance a to the power j, is at least what it costs: a draft step (none for a copy from
+- the cost cap (as llama.cpp's measured draft table): the next draft of a round is made only if its expected
+  gain, the chance that it and every draft before it are kept (the drafts' own top-1 probabilities, the
+  drafter's rolling acceptance for the next), is at least what it costs: a draft step (none for a copy from
   the prompt) plus one more position of the verify pass;
 - the fallback: when the rounds that drafted yielded fewer tokens per unit of cost than a plain step (1),
   plain full-depth steps run instead, and every `probe` of them a drafting round probes again; a failed
@@ -109,18 +110,19 @@ class Pacing:
         self.probing = self.rate is not None and self.rate < 1.0
         return True
 
-    def allows(self, source: str, made: list[str]) -> bool:
-        """Whether one more draft from `source`, after the round's drafts `made` (their sources), is worth
-        making: the chance that it and all before it are kept (the product of the drafters' acceptance)
-        against a draft step (a copy from the prompt costs none) and one more verify position. A drafting
-        round's first draft of the skipped model is always made: the fallback judges those."""
-        if len(made) >= self.k:
+    def allows(self, source: str, sure: list[float]) -> bool:
+        """Whether one more draft from `source`, after the round's drafts so far, is worth making: the chance
+        that all of them are kept (`sure`: each one's chance, the skipped model's own top-1 probability for
+        its drafts, a copy's the copies' rolling acceptance) times the chance of the next (its drafter's
+        rolling acceptance), against a draft step (a copy from the prompt costs none) and one more verify
+        position. A drafting round's first draft of the skipped model is always made: the fallback judges those."""
+        if len(sure) >= self.k:
             return False
-        if source == SKIPDECODE and not made:
+        if source == SKIPDECODE and not sure:
             return True
         reach = self.acceptance[source]
-        for earlier in made:
-            reach *= self.acceptance[earlier]
+        for chance in sure:
+            reach *= chance
         return reach >= self.costs.extra + (self.costs.draft if source == SKIPDECODE else 0.0)
 
     def record(self, drafts: list[str], kept: int, emitted: int, draft_steps: int) -> None:

@@ -244,16 +244,16 @@ class Verified:
             start = P + n - 1  # the cache holds every layer of the prompt and of all tokens but the last
             room = max_new_tokens - n - 1  # the verifier adds one token to the drafts
             started = time.perf_counter()
-            drafts, sources, q, steps, stop = [], [], [], 0, ""
+            drafts, sources, q, sure, steps, stop = [], [], [], [], 0, ""
 
             def copy() -> bool:
                 """Drafts copied from the prompt after the context's last n-gram, while they pay; True if any."""
                 copies = lookup.propose(ids + tokens + drafts, min(room, self.k) - len(drafts)) if lookup else []
                 before = len(drafts)
                 for t in copies:
-                    if not pacing.allows(PROMPT, sources):
+                    if not pacing.allows(PROMPT, sure):
                         break
-                    drafts.append(t), sources.append(PROMPT), q.append(None)
+                    drafts.append(t), sources.append(PROMPT), q.append(None), sure.append(pacing.acceptance[PROMPT])
                     if stop_at_eos and t in self.eos_ids:
                         break
                 return len(drafts) > before
@@ -270,15 +270,16 @@ class Verified:
                     p = probabilities(draft_logits, sampling)[0] if not sampling.greedy else draft_logits[0].softmax(-1)
                     d = int(next_tokens(draft_logits, sampling, generator))
                     drafts.append(d), sources.append(SKIPDECODE), q.append(None if sampling.greedy else p)
+                    sure.append(float(p[d]))
                     if stop_at_eos and d in self.eos_ids:
                         stop = "eos"
                     elif len(drafts) >= room:
                         stop = "limit"
                     elif copy():
                         stop = PROMPT
-                    elif float(p[d]) < self.threshold:
+                    elif sure[-1] < self.threshold:
                         stop = "confidence"
-                    elif not pacing.allows(SKIPDECODE, sources):
+                    elif not pacing.allows(SKIPDECODE, sure):
                         stop = "limit"
                     if stop:
                         break
