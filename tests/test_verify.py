@@ -343,7 +343,14 @@ def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monk
     assert all(f'data-mark="{mark}"' in page for mark in set(marks))
     exported = tmp_path / "verified.json"  # through the replay schema (app/record.py), as a file
     exported.write_text(json.dumps(record))
-    assert replay.read(str(exported))["verification"]["marks"] == marks
+    read = replay.read(str(exported))["verification"]
+    assert read["marks"] == marks
+    for key in ("prompt_tokens", "prefix_tokens", "prefill_ms", "cache_bytes", "plain_steps", "prompt_drafted",
+                "threshold", "costs"):  # one prefill, one cache, the drafting rules: carried through the schema
+        assert read[key] == record["verification"][key], key
+    assert record["verification"]["prompt_tokens"] > 0 and record["verification"]["cache_bytes"] > 0
+    assert [(r["stop"], r["prompt_drafts"]) for r in read["rounds"]] == \
+        [(r["stop"], r["prompt_drafts"]) for r in record["verification"]["rounds"]]
     damaged = json.loads(exported.read_text())
     damaged["verification"]["marks"] = marks[:-1]
     exported.write_text(json.dumps(damaged))
