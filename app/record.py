@@ -24,6 +24,7 @@ MAX_BYTES = 20_000_000  # a replayed file larger than this is refused before it 
 MAX_LAYERS = 1024  # the page draws a row per layer: a larger model is not one this app runs
 
 Count = Field(ge=0)
+Added = Field(default=0, ge=0)  # a count newer exports carry; older files lack it
 Probability = Field(ge=0.0, le=1.0)
 
 
@@ -53,6 +54,7 @@ class Trace(Strict):
     prompt_tokens: int = Count
     schedule: Schedule
     prefill_ms: float = Count
+    prefix_tokens: int = Added  # of the prompt's, from the prefix cache
     generated_tokens: int = Count
     cache_lengths: list[int]
     steps: list[Step]
@@ -152,6 +154,8 @@ class Round(Strict):
     source: Literal["skipdecode", "prompt", "none"]
     draft_ms: float = Count
     verify_ms: float = Count
+    prompt_drafts: int = Added  # drafts copied from the prompt (the rest are the skipped model's)
+    stop: Literal["", "limit", "confidence", "eos", "prompt"] = ""  # why the round's drafting ended
 
 
 class Verification(Strict):
@@ -172,6 +176,16 @@ class Verification(Strict):
     marks: list[Literal["accepted", "replaced", "verifier"]]
     sources: list[Literal["skipdecode", "prompt", "verifier"]] = []
     rounds: list[Round] = []
+    # one prefill, one cache, the drafting rules (files exported before these have none: the defaults)
+    plain_steps: int = Added
+    prompt_drafted: int = Added
+    prompt_accepted: int = Added
+    prompt_tokens: int = Added
+    prefix_tokens: int = Added
+    prefill_ms: float = Field(default=0.0, ge=0)
+    cache_bytes: int = Added
+    threshold: float | None = None
+    costs: dict[str, float | None] = {}
 
 
 class Record(Strict):

@@ -69,5 +69,10 @@ class KVCache:
                 self.data[layer, :, :, :, start:length] = self.data[layer, :, rows, :, start:length]
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the cache holds (verified decoding's one cache holds as many as full decoding's)."""
+        return self.data.numel() * self.data.element_size()
+
+    @property
     def batch(self) -> int:
         return self.data.shape[2]

@@ -122,6 +122,7 @@ def cmd_generate(args) -> int:
             "steps": [{"step": s.step, "budget": s.budget, "layers": list(s.layers), "ms": round(s.ms, 3)}
                       for s in trace.steps],
             "prefill_ms": round(trace.prefill_ms, 3),
+            "prefix_tokens": trace.prefix_tokens,  # prompt tokens the prefix cache gave the prefill
             "decode_ms": round(trace.decode_ms, 3),
             "tokens_per_s": round(trace.tokens_per_s, 3),
             **(result.verification.to_dict() if args.verify else {}),

@@ -23,6 +23,7 @@ import torch
 
 from .beam import Beam, BeamSearch
 from .cache import KVCache
+from .prefix import PREFIXES, prefill
 from .prompts import encode_prompt, has_chat_template
 from .sampling import Sampling, next_tokens
 from .schedule import Schedule
@@ -93,6 +94,9 @@ class Engine:
         self._steps = None
         self.compile = None  # "auto", "on" or "off"; None: $SKIPDECODE_COMPILE
         self._compiled = None
+        # Prompt prefixes computed once, for every later batch-1 prefill on these weights (skipdecode/prefix.py);
+        # None: every prefill runs the whole prompt.
+        self.prefixes = PREFIXES
 
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
@@ -249,13 +253,16 @@ class Engine:
         started = time.perf_counter()
         K = search.K if search else 1
         positions = (valid[::K, :P].long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-        mask = dec.attention_bias((causal & valid[::K, None, :P]) | torch.eye(P, dtype=torch.bool, device=device))
-        x, rope = dec.embed(ids[::K], positions), dec.rope(positions, limit=width)
-        shared = cache if K == 1 else KVCache(L, B // K, dec.num_kv_heads, P, dec.head_dim, device, dec.dtype)
-        for layer in range(L):
-            x = dec.block(layer, x, rope, mask[:, None], *shared.claim(layer, 0, P), 0)
-        logits = dec.logits(x[:, -1])
+        if B == 1 and self.prefixes is not None:  # one prompt: a prefix an earlier prefill computed is reused
+            logits, trace.prefix_tokens = prefill(dec, cache, encoded[0], self.prefixes)
+        else:
+            causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+            mask = dec.attention_bias((causal & valid[::K, None, :P]) | torch.eye(P, dtype=torch.bool, device=device))
+            x, rope = dec.embed(ids[::K], positions), dec.rope(positions, limit=width)
+            shared = cache if K == 1 else KVCache(L, B // K, dec.num_kv_heads, P, dec.head_dim, device, dec.dtype)
+            for layer in range(L):
+                x = dec.block(layer, x, rope, mask[:, None], *shared.claim(layer, 0, P), 0)
+            logits = dec.logits(x[:, -1])
         if K > 1:
             cache.fill_rows(shared, K)
             logits, positions = logits.repeat_interleave(K, 0), positions.repeat_interleave(K, 0)

@@ -32,6 +32,7 @@ class Trace:
     steps: list[StepRecord] = field(default_factory=list)
     generated_tokens: int = 0  # over all rows, EOS included
     cache_lengths: list[int] = field(default_factory=list)  # columns each layer holds at the end
+    prefix_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache (skipdecode/prefix.py)
 
     @property
     def decode_ms(self) -> float:
@@ -63,7 +64,7 @@ class Trace:
     def to_dict(self) -> dict:
         return {
             "num_layers": self.num_layers, "batch_size": self.batch_size, "prompt_tokens": self.prompt_tokens,
-            "schedule": self.schedule, "prefill_ms": round(self.prefill_ms, 4),
+            "schedule": self.schedule, "prefill_ms": round(self.prefill_ms, 4), "prefix_tokens": self.prefix_tokens,
             "decode_ms": round(self.decode_ms, 4), "total_ms": round(self.total_ms, 4),
             "generated_tokens": self.generated_tokens, "tokens_per_s": round(self.tokens_per_s, 3),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),

@@ -18,7 +18,7 @@ import time
 from statistics import median
 
 from ..router import E2E, GENERAL
-from ..verify import DEFAULT_DRAFT_TOKENS, Verified, for_prompt
+from ..verify import Verified, for_prompt
 from .bench import machine
 
 SETS = (E2E, GENERAL)
@@ -73,59 +73,98 @@ def _margin(run, prompt, prefix) -> float:
     return float(top[0] - top[1])
 
 
-# ---- speed --------------------------------------------------------------------------------------
-def bench(prompts_by_kind, speedups=(2.0, 3.0), draft_tokens=(DEFAULT_DRAFT_TOKENS,), new_tokens: int = 64,
-          repeats: int = 1, hf_peer: bool = True, say=print) -> list[dict]:
-    """Rows: per prompt set, full decoding and "skipdecode-verified" at each speedup and k, timed in turns on
-    each prompt (greedy, EOS stops, batch 1); tokens/s over the decode (the first token, a prefill, apart)
-    and end to end, acceptance rate, verify passes per token, and whether every answer was full decoding's."""
+# ---- speed ----------------------------------------------------------------------------------------
+def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: int = 64, repeats: int = 3,
+          hf_peer: bool = True, hf_prompts: int = 8, prefix: bool = True, say=print) -> list[dict]:
+    """Rows: per prompt set, full decoding and "skipdecode-verified" at each speedup and k (None: the kind's
+    DRAFT_TOKENS), end to end (from the request to the last token: the prefill, EOS stops), greedy, batch 1.
+    `repeats` passes over the prompts after a warm-up on the first one; in each pass every prompt runs all
+    cases in turns (the order rotating), and every case has its own prefix cache, emptied at each pass's
+    start (`prefix`: on), so that each side sees the same earlier requests. Ratios to full decoding inside
+    each pass; the rows give the worst pass and the best, and the worst prompt (its median over passes)."""
+    from ..prefix import PrefixCache
+    from ..verify import draft_tokens_for
+
     rows = []
     for kind, prompts in prompts_by_kind.items():
         loaded = {s: for_prompt(None, s, task=kind)[:2] for s in speedups}  # engines loaded once per speedup
-        runs = {(s, k): (Verified(loaded[s][0].draft, loaded[s][0].verifier, k), loaded[s][1])
-                for s in speedups for k in draft_tokens}
-        verifier = next(iter(runs.values()))[0].verifier
-        cases = {("full", 1.0, None): None, **{("skipdecode-verified", s, k): r for (s, k), r in runs.items()}}
-        totals = {case: {"decode_ms": 0.0, "total_ms": 0.0, "tokens": 0, "drafted": 0, "accepted": 0,
-                         "passes": 0, "same": 0} for case in cases}
-        for i, prompt in enumerate(prompts):
-            for rep in range(repeats + 1):  # the first round warms up and is not counted
-                full = None
-                for case, pair in cases.items():
-                    run = verifier if pair is None else pair[0]
-                    started = time.perf_counter()
-                    out = run.generate([prompt], None if pair is None else pair[1], new_tokens)
-                    total = (time.perf_counter() - started) * 1000.0
-                    full = out if pair is None else full
+        cases = {("full", 1.0, None): None}
+        for s in speedups:
+            for k in draft_tokens:
+                k = draft_tokens_for(kind=kind) if k is None else k
+                run, schedule = loaded[s]
+                cases[("skipdecode-verified", s, k)] = (Verified(run.draft, run.verifier, k, prefixes=None), schedule)
+        verifier = next(iter(loaded.values()))[0].verifier
+        names = list(cases)
+        ms = {case: [[0.0] * len(prompts) for _ in range(repeats)] for case in names}
+        stats = {case: {"tokens": 0, "decode_ms": 0.0, "drafted": 0, "accepted": 0, "passes": 0, "plain": 0,
+                        "copied": 0, "copies_kept": 0, "prefix": 0, "prompt_tokens": 0, "same": 0} for case in names}
+        saved = verifier.prefixes
+        try:
+            for rep in range(-1, repeats):  # pass -1 warms up on the first prompt and is not counted
+                stores = {case: PrefixCache() if prefix else None for case in names}
+                for i, prompt in enumerate(prompts if rep >= 0 else prompts[:1]):
+                    outs = {}
+                    for case in names[i % len(names):] + names[:i % len(names)]:  # the order rotates
+                        pair = cases[case]
+                        if pair is None:
+                            verifier.prefixes = stores[case]
+                            run, schedule = verifier, None
+                        else:
+                            pair[0].prefixes = stores[case]
+                            run, schedule = pair
+                        started = time.perf_counter()
+                        outs[case] = run.generate([prompt], schedule, new_tokens)
+                        if rep >= 0:
+                            ms[case][rep][i] = (time.perf_counter() - started) * 1000.0
                     if rep == 0:
-                        continue
-                    t = totals[case]
-                    t["decode_ms"] += out.trace.decode_ms
-                    t["total_ms"] += total
-                    t["tokens"] += len(out.token_ids[0])
-                    t["same"] += out.token_ids == full.token_ids
-                    if pair is not None:
-                        v = out.verification
-                        t["drafted"], t["accepted"], t["passes"] = (t["drafted"] + v.drafted, t["accepted"] + v.accepted,
-                                                                     t["passes"] + v.passes)
-            say(f"[bench-verified] {kind}: {i + 1}/{len(prompts)} prompts")
-        base = totals[("full", 1.0, None)]
-        for (method, speedup, k), t in totals.items():
-            tokens = t["tokens"]
+                        for case in names:
+                            _count(stats[case], outs[case], cases[case] is not None)
+                            stats[case]["same"] += outs[case].token_ids == outs[names[0]].token_ids
+                say(f"[bench-verified] {kind}: pass {rep + 1}/{repeats}" if rep >= 0 else f"[bench-verified] {kind}: warm")
+        finally:
+            verifier.prefixes = saved
+        base = ms[("full", 1.0, None)]
+        for case in names:
+            method, speedup, k = case
+            t = stats[case]
+            totals = [sum(ms[case][r]) for r in range(repeats)]
+            ratios = [sum(base[r]) / totals[r] for r in range(repeats)]
+            per_prompt = [median(base[r][i] / ms[case][r][i] for r in range(repeats)) for i in range(len(prompts))]
+            worst = max(range(repeats), key=lambda r: totals[r] / sum(base[r]))  # the pass least kind to this case
             row = {"prompts": kind, "method": method, "draft_speedup": speedup, "draft_tokens": k, "batch_size": 1,
-                   "tokens": tokens, "tokens_per_s": _rate(tokens - len(prompts) * repeats, t["decode_ms"]),
-                   "e2e_tokens_per_s": _rate(tokens, t["total_ms"]),
+                   "prefix_cache": prefix, "tokens": t["tokens"],
+                   "e2e_tokens_per_s": _rate(t["tokens"], totals[worst]),
+                   "e2e_vs_full": round(min(ratios), 3), "e2e_vs_full_best": round(max(ratios), 3),
+                   "worst_prompt_vs_full": round(min(per_prompt), 3),
+                   "tokens_per_s": _rate(t["tokens"] - len(prompts), t["decode_ms"]),
+                   "prefix_share": round(t["prefix"] / t["prompt_tokens"], 3) if t["prompt_tokens"] else None,
                    "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else None,
-                   "passes_per_token": round(t["passes"] / tokens, 4) if method != "full" else 1.0,
-                   "identical": f"{t['same']}/{len(prompts) * repeats}"}
-            row["vs_full"] = round(row["tokens_per_s"] / _rate(base["tokens"] - len(prompts) * repeats,
-                                                               base["decode_ms"]), 3)
-            row["e2e_vs_full"] = round(row["e2e_tokens_per_s"] / _rate(base["tokens"], base["total_ms"]), 3)
+                   "passes_per_token": round(t["passes"] / t["tokens"], 4) if method != "full" else 1.0,
+                   "plain_steps": t["plain"] if method != "full" else None,
+                   "prompt_copies_kept": f"{t['copies_kept']}/{t['copied']}" if method != "full" else None,
+                   "identical": f"{t['same']}/{len(prompts)}"}
             rows.append(row)
         if hf_peer:
-            rows += hf_early_exit(kind, prompts, speedups, new_tokens, say)
+            rows += hf_early_exit(kind, prompts[:hf_prompts], speedups, new_tokens, say)
         say(markdown([row for row in rows if row["prompts"] == kind]))  # each set's rows as soon as they exist
     return rows
+
+
+def _count(t: dict, out, verified: bool) -> None:
+    """A case's first counted pass: tokens, decode time, and what verification did."""
+    t["tokens"] += len(out.token_ids[0])
+    t["decode_ms"] += out.trace.decode_ms
+    t["prefix"] += out.trace.prefix_tokens
+    t["prompt_tokens"] += out.trace.prompt_tokens
+    if verified:
+        v = out.verification
+        t["drafted"] += v.drafted
+        t["accepted"] += v.accepted
+        t["passes"] += v.passes
+        t["plain"] += v.plain_steps
+        t["copied"] += v.prompt_drafted
+        t["copies_kept"] += v.prompt_accepted
 
 
 def _rate(tokens: int, ms: float) -> float:
@@ -170,20 +209,20 @@ def hf_early_exit(kind: str, prompts, speedups, new_tokens: int, say) -> list[di
         rate = _rate(tokens, ms)
         rows.append({"prompts": kind, "method": "hf-generate" if s is None else "hf-assistant-early-exit",
                      "draft_speedup": 1.0 if s is None else s, "draft_tokens": None if s is None else exits[s],
-                     "batch_size": 1, "tokens": tokens, "tokens_per_s": None, "e2e_tokens_per_s": rate,
-                     "acceptance_rate": None, "passes_per_token": None, "identical": f"{same}/{len(prompts)}",
-                     "vs_full": None, "e2e_vs_full": round(rate / full_rate, 3)})
+                     "batch_size": 1, "prefix_cache": False, "tokens": tokens, "e2e_tokens_per_s": rate,
+                     "e2e_vs_full": round(rate / full_rate, 3), "identical": f"{same}/{len(prompts)}"})
     return rows
 
 
-COLUMNS = ("prompts", "method", "draft_speedup", "draft_tokens", "tokens", "tokens_per_s", "vs_full",
-           "e2e_tokens_per_s", "e2e_vs_full", "acceptance_rate", "passes_per_token", "identical")
+COLUMNS = ("prompts", "method", "draft_speedup", "draft_tokens", "prefix_cache", "tokens", "e2e_tokens_per_s",
+           "e2e_vs_full", "e2e_vs_full_best", "worst_prompt_vs_full", "tokens_per_s", "prefix_share",
+           "acceptance_rate", "passes_per_token", "plain_steps", "prompt_copies_kept", "identical")
 
 
 def markdown(rows) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
-        lines.append("| " + " | ".join("" if row[c] is None else str(row[c]) for c in COLUMNS) + " |")
+        lines.append("| " + " | ".join("" if row.get(c) is None else str(row[c]) for c in COLUMNS) + " |")
     return "\n".join(lines)
 
 
@@ -199,9 +238,10 @@ def cmd_bench_verified(args) -> int:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     before = machine()
     prompts = _limits(args, Engine.load().tokenizer)
-    ks = tuple(int(k) for k in args.draft_tokens.split(","))
+    ks = tuple(None if k == "auto" else int(k) for k in args.draft_tokens.split(","))
     speedups = tuple(float(s) for s in args.speedups.split(","))
-    rows = bench(prompts, speedups, ks, args.new_tokens, args.repeats, not args.no_hf, say)
+    rows = bench(prompts, speedups, ks, args.new_tokens, args.repeats, not args.no_hf, args.hf_prompts,
+                 not args.no_prefix_cache, say)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "machine": before,
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
     print(json.dumps(report) if args.json else f"{before['cpu']}, load {before['load_average']}\n{markdown(rows)}")
@@ -234,10 +274,14 @@ def register(subparsers) -> None:
         p.add_argument("--new-tokens", type=int, default=64)
         p.add_argument("--json", action="store_true")
         if func is cmd_bench_verified:
-            p.add_argument("--speedups", default="2,3", help="the drafts' speedups")
-            p.add_argument("--draft-tokens", default="4,6", help="k values, comma-separated")
-            p.add_argument("--repeats", type=int, default=1, help="counted rounds per prompt after a warm-up")
+            p.add_argument("--speedups", default="3", help="the drafts' speedups")
+            p.add_argument("--draft-tokens", default="auto",
+                           help="k values (drafts a round at most), comma-separated; auto: DRAFT_TOKENS by the kind")
+            p.add_argument("--repeats", type=int, default=3, help="counted passes over the prompts after a warm-up")
+            p.add_argument("--no-prefix-cache", action="store_true",
+                           help="every prefill runs the whole prompt (default: each side its own prefix cache)")
             p.add_argument("--no-hf", action="store_true", help="skip transformers' assistant_early_exit peer")
+            p.add_argument("--hf-prompts", type=int, default=8, help="prompts of each set the peer runs (it is slow)")
         else:
             p.add_argument("--speedup", type=float, default=3.0)
             p.add_argument("--draft-tokens", type=int, default=None, help="default: DRAFT_TOKENS by the kind")

@@ -1,0 +1,141 @@
+"""How much to draft: the confidence stop, the cost cap and the fallback to plain full-depth steps.
+
+Verified decoding pays only where the tokens a round yields outweigh what its drafts and its wider verify
+pass cost. Three rules, all in units of one full-depth step of one position (`Costs`: measured on this
+machine, or fixed for a test):
+- the confidence stop (dynamic speculation, as in transformers' `assistant_confidence_threshold`): a round
+  stops drafting after a draft whose top-1 probability is below `threshold`;
+- the cost cap (as llama.cpp's measured draft table): the next draft of a round is made only if its expected
+  gain, the chance that it and every draft before it are kept (the drafts' own top-1 probabilities, the
+  drafter's rolling acceptance for the next), is at least what it costs: a draft step (none for a copy from
+  the prompt) plus one more position of the verify pass;
+- the fallback: when the rounds that drafted yielded fewer tokens per unit of cost than a plain step (1),
+  plain full-depth steps run instead, and every `probe` of them a drafting round probes again; a failed
+  probe doubles the wait (up to MAX_PROBE), a paying one resumes drafting.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+SKIPDECODE, PROMPT = "skipdecode", "prompt"  # the drafters (verify.py's Round.source names)
+
+# The confidence stop's threshold, tuned on tuning prompts (docs/method.md, "How much to draft").
+THRESHOLD = 0.5
+PRIOR_ACCEPTANCE = 0.6  # a drafter's acceptance before its first verified draft
+SMOOTHING = 0.3  # weight of the newest observation in the rolling figures
+PROBE, MAX_PROBE = 8, 64  # plain steps between probes: at first, and at most after failed probes
+
+
+@dataclass
+class Costs:
+    """A draft step and each further verify position, in full-depth steps of one position. `measure`
+    times this machine; later passes refine the figures (`observe_*`) unless `fixed`."""
+
+    draft: float = 0.4  # a draft step: the schedule's layers and the LM head
+    extra: float = 0.15  # each position a verify pass runs beyond the first
+    fixed: bool = False
+    step_ms: float | None = None  # one full-depth position, the unit
+    _draft_ms: float | None = field(default=None, repr=False)
+    _extra_ms: float | None = field(default=None, repr=False)
+
+    def pass_cost(self, positions: int) -> float:
+        return 1.0 + self.extra * (positions - 1)
+
+    def observe_pass(self, positions: int, ms: float) -> None:
+        """A verify pass (or plain step) over `positions` took `ms`."""
+        if self.fixed:
+            return
+        if positions == 1 or self.step_ms is None:
+            one = ms / (1.0 + self.extra * (positions - 1))
+            self.step_ms = one if self.step_ms is None else _mix(self.step_ms, one)
+        if positions > 1:
+            extra = max(ms - self.step_ms, 0.0) / (positions - 1)
+            self._extra_ms = extra if self._extra_ms is None else _mix(self._extra_ms, extra)
+            self.extra = self._extra_ms / self.step_ms
+
+    def observe_draft(self, steps: int, ms: float) -> None:
+        """`steps` draft steps took `ms` in all."""
+        if self.fixed or steps == 0 or self.step_ms is None:
+            return
+        each = ms / steps
+        self._draft_ms = each if self._draft_ms is None else _mix(self._draft_ms, each)
+        self.draft = self._draft_ms / self.step_ms
+
+    def measure(self, run_pass, run_draft, positions: int, repeats: int = 3) -> "Costs":
+        """This machine's figures: the fastest of `repeats` timings of `run_pass(1)`, `run_pass(positions)`
+        and `run_draft()` (callables that run one full-depth pass, one draft step)."""
+        def fastest(fn, *args):
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                fn(*args)
+                times.append((time.perf_counter() - started) * 1000.0)
+            return min(times)
+
+        one, wide, draft = fastest(run_pass, 1), fastest(run_pass, positions), fastest(run_draft)
+        self.step_ms, self._draft_ms = one, draft
+        self._extra_ms = max(wide - one, 0.0) / max(positions - 1, 1)
+        self.draft, self.extra = draft / one, self._extra_ms / one
+        return self
+
+    def to_dict(self) -> dict:
+        return {"draft": round(self.draft, 4), "extra": round(self.extra, 4),
+                "step_ms": None if self.step_ms is None else round(self.step_ms, 3)}
+
+
+def _mix(old: float, new: float) -> float:
+    return old + SMOOTHING * (new - old)
+
+
+@dataclass
+class Pacing:
+    """One request's drafting decisions (`Costs` are the machine's, shared between requests)."""
+
+    k: int  # drafts a round at most
+    costs: Costs
+    threshold: float = THRESHOLD
+    probe_every: int = PROBE
+    acceptance: dict = field(default_factory=lambda: {SKIPDECODE: PRIOR_ACCEPTANCE, PROMPT: PRIOR_ACCEPTANCE})
+    rate: float | None = None  # tokens per unit of cost over recent drafting rounds (None: none yet)
+    plain_left: int = 0  # plain steps before the next probe
+    probing: bool = False
+
+    def drafting(self) -> bool:
+        """Whether this round runs the skipped model's drafts (else a plain step, or prompt copies only)."""
+        if self.plain_left > 0:
+            self.plain_left -= 1
+            return False
+        self.probing = self.rate is not None and self.rate < 1.0
+        return True
+
+    def allows(self, source: str, sure: list[float]) -> bool:
+        """Whether one more draft from `source`, after the round's drafts so far, is worth making: the chance
+        that all of them are kept (`sure`: each one's chance, the skipped model's own top-1 probability for
+        its drafts, a copy's the copies' rolling acceptance) times the chance of the next (its drafter's
+        rolling acceptance), against a draft step (a copy from the prompt costs none) and one more verify
+        position. A drafting round's first draft of the skipped model is always made: the fallback judges those."""
+        if len(sure) >= self.k:
+            return False
+        if source == SKIPDECODE and not sure:
+            return True
+        reach = self.acceptance[source]
+        for chance in sure:
+            reach *= chance
+        return reach >= self.costs.extra + (self.costs.draft if source == SKIPDECODE else 0.0)
+
+    def record(self, drafts: list[str], kept: int, emitted: int, draft_steps: int) -> None:
+        """A verify pass: `drafts` (each draft's source, in order), `kept` of them accepted, `emitted` tokens."""
+        for i, source in enumerate(drafts[:kept + 1]):  # a draft after the first rejection tells nothing
+            self.acceptance[source] = _mix(self.acceptance[source], float(i < kept))
+        if draft_steps == 0:  # a plain step or copies from the prompt: no verdict on the skipped model
+            return
+        cost = draft_steps * self.costs.draft + self.costs.pass_cost(len(drafts) + 1)
+        rate = emitted / cost
+        self.rate = rate if self.rate is None or self.probing else _mix(self.rate, rate)  # a probe starts afresh
+        if self.rate < 1.0:  # drafting does not pay: plain steps, a probe now and then
+            self.plain_left = min(self.probe_every * 2, MAX_PROBE) if self.probing else self.probe_every
+            self.probe_every = self.plain_left
+        else:
+            self.probe_every = PROBE
