@@ -28,6 +28,9 @@ from .record import FORMAT, load
 from .studio import Comparison, Settings
 from .views import TokenText, token_layers
 
+# The comparison docs/teaching.md walks through, exported from the page and shipped: the lesson's figures come
+# from it, and the page replays it ("Open the lesson's comparison") where no model can run.
+LESSON_FILE = Path(__file__).resolve().parent.parent / "assets" / "lesson" / "the-cricketers-3x.json"
 
 
 def hardware(device: torch.device, dtype: str) -> dict:

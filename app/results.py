@@ -30,6 +30,10 @@ FIRST_COLUMNS = {  # what a reader looks for first, in this order; the other col
     "bench": ("method", "speedup", "batch_size", "measured_speedup", "tokens_per_s", "bound"),
 }
 log = logging.getLogger("skipdecode.app")
+INTRO = ("Measured results from `assets/results/`, exactly as the commands wrote them. The E2E plot draws as a "
+         "frontier what this app serves: at each speedup, the adapter \"auto\" runs there. Rows of the same run that "
+         "auto does not run (an adapter at a speedup it was not trained for, or one passed over for another) are "
+         "experiments: in the table after the served rows, and on the plot when the box below is ticked.")
 
 
 @dataclass
