@@ -14,13 +14,12 @@ import time
 from contextlib import contextmanager
 
 import gradio as gr
-import pandas as pd
 
 from skipdecode.evaluation.bench import speed_figure
 from skipdecode.schedule import max_speedup
 
 from . import plots, verified, views
-from .results import load_table
+from .results import NOTES, for_people, load_table
 from .studio import AUTO, Settings, Studio, shown
 
 # While a comparison streams, its text updates at most every TEXT_EVERY_S and its plots are drawn when it
@@ -238,14 +237,18 @@ class Callbacks:
                  (load_table("bench"), lambda frame: plots.house_style(speed_figure(frame))))
         for table, figure in pairs:
             present = table.frame is not None
-            shown += [table.message,
-                      gr.Dataframe(table.frame if present else pd.DataFrame(), visible=present),
+            shown += [note(table), gr.Dataframe(for_people(table.name, table.frame), visible=present),
                       gr.Plot(_safe_figure(figure, table.frame) if present else None, visible=present)]
         # tables without a plot: the E2E adapters decoded by beam search; what people type (general prompts)
         for table in (load_table("e2e-beams4"), load_table("general")):
-            shown += [table.message, gr.Dataframe(table.frame if table.frame is not None else pd.DataFrame(),
-                                                  visible=table.frame is not None)]
+            shown += [note(table), gr.Dataframe(for_people(table.name, table.frame), visible=table.frame is not None)]
         return tuple(shown)
+
+
+def note(table) -> str:
+    """A table's line above it: its file and command, and what its columns need said (results.NOTES)."""
+    extra = NOTES.get(table.name, "") if table.frame is not None else ""
+    return f"{table.message} {extra}".strip()
 
 
 def _safe_figure(build, frame):

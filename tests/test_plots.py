@@ -289,7 +289,10 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     assert "No `e2e-beams4.csv` yet" in beams_note and "--beams 4" in beams_note and not beams_table.visible
     assert "No `general.csv` yet" in general_note and "--prompts validation" in general_note
     assert not general_table.visible
-    assert "3 rows" in bench_note and bench_table.visible and bench_plot.visible
+    assert "3 rows" in bench_note and bench_table.visible and bench_plot.visible and "What this page runs" in bench_note
+    assert [row[:2] for row in bench_table.value["data"]] == [  # what the page runs first, the others labelled
+        ["full decoding", "yes: one request"], ["SkipDecode", "yes: one request"],
+        ["per-token early exit", "no: measured for comparison"]]
     names = {trace.get("name") for trace in json.loads(bench_plot.value["plot"])["data"]}
     assert {"SkipDecode, batch 1", "early-exit peer, batch 1"} <= names
     # the box that adds the experiments shows only when the table has rows of adapters not served
@@ -302,15 +305,19 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     (tmp_path / "e2e-beams4.csv").write_text("row,adapter,speedup,bleu,bleu_e2e\nfine-tuned 1x,e2e-1x,1.0,66.0,66.9\n")
     *_, beams_note, beams_table, _, _ = Callbacks(studio=None).results()
     assert "1 rows" in beams_note and beams_table.visible and list(beams_table.value["headers"][:3]) == [
-        "row", "adapter", "speedup"]
+        "run", "adapter", "target speedup (×)"]
     # the general-prompt table as eval wrote it, the columns a reader looks for first
     (tmp_path / "general.csv").write_text(
         "speedup,adapter,rouge_l_vs_full,bleu_vs_full,ppl_ratio,agreement,repetition,avg_layers,decode_speedup\n"
-        "1.0,none,100.0,100.0,1.0,100.0,10.7,30.0,1.0\n2.0,general-2x,29.0,12.4,2.64,7.7,14.5,15.2,1.74\n")
+        "1.0,none,100.0,100.0,1.0,100.0,10.7,30.0,1.0\n2.0,general-2x,29.0,12.4,2.64,7.7,14.5,15.2,1.74\n"
+        "5.0,none,5.2,0.1,11171.725,1.9,2.2,6.3,3.18\n")
     *_, general_note, general_table = Callbacks(studio=None).results()
-    assert "2 rows" in general_note and general_table.visible
-    assert list(general_table.value["headers"][:6]) == ["speedup", "adapter", "rouge_l_vs_full", "ppl_ratio",
-                                                        "repetition", "decode_speedup"]
+    assert "3 rows" in general_note and general_table.visible and "Perplexity vs full" in general_note
+    headers = list(general_table.value["headers"])
+    assert headers[:5] == ["target speedup (×)", "adapter", "ROUGE-L vs full (0-100)", "BLEU vs full (0-100)",
+                           "perplexity vs full (×)"]
+    ratios = [row[4] for row in general_table.value["data"]]
+    assert ratios == ["1.00", "2.64", "11,172: text fallen apart"]  # no bare ratio in the thousands
 
 
 def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served_set(tmp_path, monkeypatch):

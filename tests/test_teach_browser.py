@@ -350,3 +350,32 @@ def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
     finally:
         page.get_by_role("tab", name="Compare").click()
         page.set_viewport_size({"width": 1440, "height": 900})
+
+
+def test_the_lessons_comparison_is_one_button_away_and_needs_no_model(browser):
+    """"Open the lesson's comparison" replays the file docs/teaching.md quotes: its answer, its marks and its
+    verdict on the screen, the prompt in its box, the results in view."""
+    from app import replay, timing
+
+    lesson = replay.read(replay.LESSON_FILE)
+    found = lesson["divergence"]
+    agree = sum(t["token"] == t["full_token"] for t in found["tokens"])
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    try:
+        page.goto(app_url(**SERVER))
+        page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
+        page.click("#sd-lesson")
+        page.wait_for_selector("#sd-skip-output .sd-marked", timeout=30_000)
+        assert page.locator("#sd-headline .sd-replayed").is_visible()
+        headline = page.locator("#sd-headline .sd-verdict").inner_text()
+        assert headline == timing.of(replay.comparison(lesson)).words()
+        assert f"would choose {agree} of SkipDecode's {len(found['tokens'])} tokens" in \
+            page.locator("#sd-part-note").inner_text()
+        assert page.locator("#sd-prompt textarea").input_value() == lesson["prompt"]
+        assert page.locator("#sd-present").is_enabled() and page.locator("#sd-skip-output .sd-part").count() == \
+            len(found["tokens"]) - agree
+        page.wait_for_timeout(500)
+        assert page.locator("#sd-headline").bounding_box()["y"] >= 0
+        assert page.locator("#sd-full-output .sd-token").first.bounding_box()["y"] < 720
+    finally:
+        page.close()
