@@ -11,7 +11,7 @@ import gradio as gr
 
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import keys, machinery, plots, results, teach, verified
+from . import keys, machinery, plots, replay, results, teach, verified
 from .callbacks import DECODINGS, KV_FIRST, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
@@ -130,8 +130,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             stop = gr.Button("Stop", variant="secondary", scale=1, interactive=False,
                                              elem_id="sd-stop")
                         with gr.Row():
-                            lesson_button = gr.Button("Open the lesson's comparison", size="sm",
-                                                      elem_id="sd-lesson")
+                            lesson_button = gr.Button("Open the lesson's comparison", size="sm", elem_id="sd-lesson",
+                                                      visible=replay.LESSON_FILE.exists())  # docs/teaching.md
                             replay_file = gr.UploadButton("Replay a saved comparison…", file_types=[".json"],
                                                           size="sm", elem_id="sd-replay-file")
                 replay_note = gr.HTML(elem_id="sd-replay-note")

@@ -102,7 +102,11 @@ def explain(v: dict, t) -> str:
                         if faster_decoding else
                         "slower: too many drafts were rejected, and their cost and the verify passes outweigh "
                         "the tokens kept"),
-        timing.CLOSE: "too close to call on this run: the spread of its interleaved turns holds both faster and slower",
+        timing.CLOSE: (f"too close to call to the whole answer, though faster per decoded token ({t.decode:.2f}×): its "
+                       f"prefill took {t.skip_prefill_ms:.0f} ms against full decoding's {t.full_prefill_ms:.0f} ms"
+                       if faster_decoding else
+                       "too close to call on this run: the spread of its interleaved turns holds both faster and "
+                       "slower"),
         timing.SHORT: "too short a run to tell faster from slower",
     }[t.verdict]
     return f"{line}: {reason}."

@@ -370,4 +370,12 @@ def test_results_tab_draws_the_served_frontier(page):
     general = load_table("general").frame
     table = page.locator("#sd-results-general")
     assert table.is_visible() and all(name in table.inner_text() for name in general["adapter"])
+    # for people: columns named with their units, no bare ratio in the thousands, what the page runs first
+    assert "perplexity vs full (×)" in table.inner_text() and "ppl_ratio" not in table.inner_text()
+    assert not re.search(r"\b\d{4,}\.\d", table.inner_text())
+    bench = page.locator("#sd-results-bench")
+    assert "tokens per second" in bench.inner_text() and "measured_speedup" not in bench.inner_text()
+    shown = bench.inner_text()
+    assert shown.index("yes: one request") < shown.index("yes: requests sharing a batch") < \
+        shown.index("no: measured for comparison")
     screenshot(page, "results.png")

@@ -373,3 +373,31 @@ def test_the_quality_panel_says_what_it_compares_against():
     assert "SmolLM2-135M-Instruct, all 30 layers" in panel and "55.0" in panel
     assert "Scores against references appear for E2E" in panel
     assert "appear when both runs have finished" in views.quality_html(None)
+
+
+def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect(monkeypatch):
+    """The machinery in words a visitor reads (no build labels); a warning only where the fast kernel was
+    wanted and did not build, or a compile failed."""
+    from app import machinery
+    from skipdecode import q8
+
+    kernel = SimpleNamespace(isa="AVX512-VNNI")  # the int8 kernel serving the 4-bit products
+    decoder = SimpleNamespace(weights=SimpleNamespace(head=SimpleNamespace(screen=kernel)), device=SimpleNamespace(
+        type="cpu"), dtype="torch.float32")
+    engine = SimpleNamespace(decoder=decoder, name="SmolLM2-135M-Instruct", num_layers=30,
+                             step_label="eager step: the compiled step did not pay on the CPU measured "
+                                        "(SKIPDECODE_COMPILE=on compiles it)")
+    words = " ".join(machinery.sentences(engine))
+    assert "4 bits" in words and "8-bit integers" in words and "30 layers" in words
+    assert not [w for w in ("GGUF", "Q4_1", "Q8_1", "AVX", "VNNI", "eager step", "SKIPDECODE_") if w in words]
+    assert machinery.warnings(engine) == [] and machinery.warnings_html(engine) == ""
+    decoder.weights.head.screen = SimpleNamespace()  # PyTorch's 4-bit kernel: why?
+    monkeypatch.setattr(q8, "library", lambda: SimpleNamespace(reason="no C compiler (install gcc or set CC)"))
+    monkeypatch.setattr(q8, "setting", lambda: "auto")
+    assert machinery.warnings(engine) == ["The fast 8-bit kernel is not running (no C compiler (install gcc or set "
+                                          "CC)): PyTorch's 4-bit kernel runs instead, slower."]
+    monkeypatch.setattr(q8, "setting", lambda: "bf16")  # the host chose it: nothing fell back
+    assert machinery.warnings(engine) == []
+    engine.step_label = "eager step: compiling failed: RuntimeError: no"
+    assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs layer by layer in "
+                                          "PyTorch instead."]
