@@ -43,6 +43,7 @@ ALLOW = [
     "skipdecode/*.c",  # the CPU path's C kernels, built on the Space at first start (skipdecode/native.py)
     "assets/adapters/*",  # the fine-tuned adapters the app serves
     "assets/examples/*",  # the example prompts
+    "assets/lesson/*",  # the comparison docs/teaching.md quotes, which the page replays (app/replay.py)
     "assets/results/e2e.csv",  # the tables the Results tab reads (app/results.py)
     "assets/results/e2e-beams4.csv",
     "assets/results/bench.csv",
