@@ -136,15 +136,13 @@ def test_a_first_visit_to_every_tab_shows_guidance_not_errors(page):
             assert errors_shown(page) == []
 
 
-def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_answers_on_a_projector(browser):
+def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_answers_on_a_projector(page):
     """At a projector's 1280x720: one plain sentence, the prompt and Run, no build jargon, nothing empty (at
     most two screens high, no placeholder, the results not drawn yet), the controls that cannot act yet
-    disabled; after Run the headline and the first line of both answers are on screen, focus is at the
-    results, and Present is the next Tab stop."""
-    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    disabled; Run streams both answers; after it the headline and the first line of both answers are on
+    screen, focus is at the results, and Present is the next Tab stop."""
+    page.set_viewport_size({"width": 1280, "height": 720})
     try:
-        page.goto(app_url(**SERVER))
-        page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
         page.wait_for_timeout(1_000)
         text = page.evaluate("() => document.body.innerText")
         assert "The same model answers twice" in text
@@ -161,7 +159,14 @@ def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_ans
         page.locator("#sd-how").get_by_text("How this runs").click()
         page.fill("#sd-prompt textarea", PROMPT)
         set_tokens(page, 24)
-        run_and_wait(page)
+        page.click("#sd-run")
+        # Streaming: tokens show while the run is still going (the cursor marks an unfinished output).
+        page.wait_for_selector("#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor",
+                               timeout=120_000)
+        page.wait_for_selector("#sd-teach", state="visible", timeout=300_000)
+        for side in ("#sd-skip-output", "#sd-full-output"):
+            assert page.locator(f"{side} .sd-token").count() > 3
+            assert page.locator(f"{side} .sd-cursor").count() == 0
         for selector in ("#sd-headline .sd-verdict", "#sd-skip-output .sd-token", "#sd-full-output .sd-token"):
             assert in_view(page, selector), selector
         assert re.search(r"(?i)faster|slower|too close to call", page.locator("#sd-headline").inner_text())
@@ -171,20 +176,13 @@ def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_ans
         assert page.evaluate("() => document.activeElement.id") == "sd-present"  # one key from the results
         screenshot(page.locator("body"), "answers-1280x720.png", full=False)
     finally:
-        page.close()
+        page.set_viewport_size({"width": 1440, "height": 900})
 
 
-def test_run_streams_both_outputs_and_draws_every_plot(page):
-    page.fill("#sd-prompt textarea", PROMPT)
-    set_tokens(page, 24)
-    page.click("#sd-run")
-    # Streaming: tokens show while the run is still going (the cursor marks an unfinished output).
-    page.wait_for_selector("#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor",
-                           timeout=120_000)
+def test_the_run_draws_every_plot_and_one_verdict(page):
+    """The run above at 1440x900: both answers and the headline on screen, the plots, the headline, the card
+    and the latency chart giving one verdict, the run's details, the quality table."""
     page.wait_for_selector("#sd-quality table", timeout=120_000)
-    for side in ("#sd-skip-output", "#sd-full-output"):
-        assert page.locator(f"{side} .sd-token").count() > 3
-        assert page.locator(f"{side} .sd-cursor").count() == 0
     for selector in ("#sd-headline .sd-verdict", "#sd-skip-output .sd-token", "#sd-full-output .sd-token"):
         assert in_view(page, selector), selector  # at 1440x900 too: nothing to scroll
     for plot, words in (("#sd-budget-plot", ["scheduled b(s)", "SkipDecode ran"]),
