@@ -94,8 +94,8 @@ def drawn(comparison, skip_pieces: list[str], full_pieces: list[str], running: b
     out = [gr.Column(visible=True), replayed + views.headline_html(comparison, running),
            views.skip_title_html(comparison), skip_html, full_html, legend,
            views.status_markdown(comparison, running), comparison if not running else gr.skip()]
-    if running:
-        return out + [gr.skip()] * 6
+    if running:  # the last comparison's cards and charts go until this one's are drawn
+        return out + [gr.Column(visible=False)] + [gr.skip()] * 5
     metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
     return out + [gr.Column(visible=True), metrics, views.quality_html(comparison), *views.compare_figures(comparison)]
 
@@ -143,8 +143,8 @@ class Callbacks:
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
                        manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None):
         """The comparison as it streams: the answers as they grow, the headline, then once both are done the
-        cards and charts (`drawn`); then the layer view of the comparison before (hidden) and Stop (usable
-        while it runs)."""
+        cards and charts (`drawn`); then what the comparison before opened (its layer view, hidden; what its
+        marks said, emptied) and Stop (usable while it runs)."""
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode, beams,
@@ -161,7 +161,8 @@ class Callbacks:
                 sides = [text.pieces(update.token_ids) if update else [] for update, text in
                          zip((comparison.skip, comparison.full), texts)]
                 yield drawn(comparison, *sides, running=not last) + [
-                    gr.Column(visible=False) if first else gr.skip(), gr.Button(interactive=not last)]
+                    gr.Column(visible=False) if first else gr.skip(), "" if first else gr.skip(),
+                    gr.Button(interactive=not last)]
                 first = False
 
     def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",

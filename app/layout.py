@@ -303,7 +303,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         # what a comparison draws (Callbacks.drawn): a run streams it, a replay draws it at once
         drawn_outputs = [results_box, headline, skip_title, skip_out, full_out, legend, status, last, charts_box,
                          metrics, quality, budget_plot, layer_plot, latency_plot]
-        events = [trigger(cb.stream_compare, compare_inputs, [*drawn_outputs, teach_box, stop],
+        events = [trigger(cb.stream_compare, compare_inputs, [*drawn_outputs, teach_box, part_note, stop],
                           api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode",
                           show_progress="minimal")
                   for trigger in (run.click, prompt.submit)]

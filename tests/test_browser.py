@@ -101,7 +101,9 @@ def set_tokens(page, tokens: int) -> None:
 def run_and_wait(page, timeout: int = 300_000) -> None:
     """Run, and wait for the finished comparison's marks (this run's: the last one's are hidden first)."""
     page.click("#sd-run")
+    # the last comparison's layer view, cards and charts go while this one runs: nothing stale beside it
     page.wait_for_selector("#sd-teach", state="hidden", timeout=60_000)
+    page.wait_for_selector("#sd-charts", state="hidden", timeout=60_000)
     page.wait_for_selector("#sd-teach", state="visible", timeout=timeout)
 
 
