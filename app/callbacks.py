@@ -14,13 +14,12 @@ import time
 from contextlib import contextmanager
 
 import gradio as gr
-import pandas as pd
 
 from skipdecode.evaluation.bench import speed_figure
 from skipdecode.schedule import max_speedup
 
 from . import plots, verified, views
-from .results import load_table
+from .results import NOTES, for_people, load_table
 from .studio import AUTO, Settings, Studio, shown
 
 # While a comparison streams, its text updates at most every TEXT_EVERY_S and its plots are drawn when it
@@ -31,8 +30,8 @@ from .studio import AUTO, Settings, Studio, shown
 TEXT_EVERY_S = 0.5
 PLOT_EVERY_S = 0.75
 DECODINGS = ("greedy", "sampling", "beam search")
-KV_FIRST = ("**Run a comparison on the Compare tab first**, then come back: this view shows which "
-            "positions each layer of that run holds in its KV cache.")
+KV_FIRST = ("Run a comparison on the Compare tab first (or replay one): this view then shows which positions each "
+            "layer of that run holds in its KV cache.")
 INTERNAL_ERROR = ("Something went wrong on the server while running this request; it has been logged. "
                   "Please try again, or change the input or the model.")
 MESSAGE_CHARS = 400  # an error message longer than this is cut
@@ -77,6 +76,30 @@ def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, t
                     beams=beams if decoding == "beam search" else 0, verify=bool(verify))
 
 
+def drawn(comparison, skip_pieces: list[str], full_pieces: list[str], running: bool = False,
+          replayed: str = "") -> list:
+    """What a comparison draws, in the order of the layout's `drawn_outputs`: the results (shown), the headline,
+    the SkipDecode side's title, both answers, the legend that fits the mode, the run's details, the
+    comparison itself, and once it is done the cards and charts. `replayed`: the line a replay puts first."""
+    if comparison.verified:
+        skip_html = verified.tokens_html(skip_pieces, (comparison.skip.verification or {}).get("marks", []),
+                                         streaming=running and not comparison.skip.finished)
+    else:
+        skip_html = views.tokens_html(skip_pieces, views.token_layers(comparison.skip, comparison.num_layers),
+                                      comparison.num_layers, streaming=running and not comparison.skip.finished)
+    full = comparison.full
+    full_html = (views.tokens_html(full_pieces, views.token_layers(full, comparison.num_layers), comparison.num_layers,
+                                   streaming=running and not full.finished) if full else views.EMPTY_OUTPUT)
+    legend = verified.legend_html() if comparison.verified else views.legend_html(comparison.num_layers)
+    out = [gr.Column(visible=True), replayed + views.headline_html(comparison, running),
+           views.skip_title_html(comparison), skip_html, full_html, legend,
+           views.status_markdown(comparison, running), comparison if not running else gr.skip()]
+    if running:  # the last comparison's cards and charts go until this one's are drawn
+        return out + [gr.Column(visible=False)] + [gr.skip()] * 5
+    metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
+    return out + [gr.Column(visible=True), metrics, views.quality_html(comparison), *views.compare_figures(comparison)]
+
+
 class Callbacks:
     def __init__(self, studio: Studio):
         self.studio = studio
@@ -84,7 +107,9 @@ class Callbacks:
     # ---- Compare ----------------------------------------------------------------------------
     def preview(self, model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode,
                 prompt=None):
-        """The schedule the settings describe for this prompt, before anything runs (no model call)."""
+        """The schedule the settings describe for this prompt, before anything runs (no model call): the budget
+        plot and its note in the settings, and beside the speedup slider only what a visitor must know first
+        (the speedup "auto" really runs, or that it runs a model never trained to skip)."""
         engine = self.studio.engine()  # every configured model shares the base's layers
         try:
             with user_errors():
@@ -95,38 +120,36 @@ class Callbacks:
                 schedule = settings.schedule(engine.num_layers, choice.horizon, self.studio.limits, choice.spread)
                 steps = max(int(settings.max_new_tokens) - 1, 1)
         except gr.Error as error:
-            return plots.empty_figure(f"Invalid schedule: {error.message}"), f"⚠️ {error.message}"
+            return (plots.empty_figure(f"Invalid schedule: {error.message}"), f"⚠️ {error.message}",
+                    gr.Markdown(f"⚠️ {error.message}", visible=True))
         frame = views.scheduled_frame(schedule, steps)
         average = frame["budget"].mean()
         limit = max_speedup(engine.num_layers, schedule.warmup)
         note = (f"Average **{average:.1f} of {engine.num_layers} layers** per generated token over "
                 f"{steps} positions: {engine.num_layers / average:.2f}× fewer layers "
                 f"(this warm-up allows up to {limit:.0f}×).")
+        first = ""
         if not manual and settings.speedup != float(speedup):
-            note += (f" For this prompt \"auto\" runs {choice.adapter} at {settings.speedup:g}×, the nearest speedup "
+            first = (f"For this prompt \"auto\" runs {choice.adapter} at {settings.speedup:g}×, the nearest speedup "
                      f"it was trained for.")
         elif not manual and model == AUTO and choice.adapter is None and settings.speedup > 1:
             reason, trained = why.removeprefix("base model: "), self.studio.adapter_speedups(prompt)
             has = f" (this kind of prompt has adapters for {trained})." if trained else "."
-            note += (f" ⚠️ {reason[0].upper()}{reason[1:]}, so \"auto\" runs the base model, which was never trained "
+            first = (f"⚠️ {reason[0].upper()}{reason[1:]}, so \"auto\" runs the base model, which was never trained "
                      f"to skip layers: its text degrades as the speedup grows, to word salad at 3×{has}")
-        return plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), note
-
-    def preview_unless_replayed(self, *values):
-        """`preview` for a prompt a person changed; a replay that put its prompt in the box keeps the budget
-        plot it drew (the last value: the prompt the replay put there)."""
-        *inputs, replayed = values
-        if replayed is not None and inputs[-1] == replayed:
-            return gr.skip(), gr.skip()
-        return self.preview(*inputs)
+        return (plots.budget_figure(frame.iloc[0:0], frame, engine.num_layers), f"{note} {first}".strip(),
+                gr.Markdown(first, visible=bool(first)))
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None):
+                       manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None):
+        """The comparison as it streams: the answers as they grow, the headline, then once both are done the
+        cards and charts (`drawn`); then what the comparison before opened (its layer view, hidden; what its
+        marks said, emptied) and Stop (usable while it runs)."""
         with user_errors():
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode, beams,
                                      verified.chosen(family))
-            written, texts = 0.0, None
+            written, texts, first = 0.0, None, True
             for comparison in self.studio.compare(prompt, settings, model):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
                     tokenizer = self.studio.engine(comparison.model).tokenizer
@@ -135,25 +158,12 @@ class Callbacks:
                 if not last and now - written < TEXT_EVERY_S:
                     continue
                 written = now
-                outputs = self._compare_outputs(comparison, texts)
-                yield outputs + (list(views.compare_figures(comparison)) if last else [gr.skip()] * 3)
-
-    def _compare_outputs(self, comparison, texts) -> list:
-        running = comparison.quality is None
-        sides = []
-        for update, text in zip((comparison.skip, comparison.full), texts):
-            if update is None:
-                sides.append(views.EMPTY_OUTPUT)
-                continue
-            pieces, streaming = text.pieces(update.token_ids), running and not update.finished
-            if comparison.verified and update is comparison.skip:  # marks: accepted draft or the verifier's
-                sides.append(verified.tokens_html(pieces, (update.verification or {}).get("marks", []), streaming))
-                continue
-            sides.append(views.tokens_html(pieces, views.token_layers(update, comparison.num_layers),
-                                           comparison.num_layers, streaming=streaming))
-        metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
-        return [views.status_markdown(comparison, running), *sides, metrics,
-                views.quality_html(comparison), comparison if not running else gr.skip()]
+                sides = [text.pieces(update.token_ids) if update else [] for update, text in
+                         zip((comparison.skip, comparison.full), texts)]
+                yield drawn(comparison, *sides, running=not last) + [
+                    gr.Column(visible=False) if first else gr.skip(), "" if first else gr.skip(),
+                    gr.Button(interactive=not last)]
+                first = False
 
     def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",
                     decoding: str = "greedy", temperature: float = 0.7, top_p: float = 0.9, top_k: int = 0,
@@ -180,7 +190,7 @@ class Callbacks:
     # ---- KV cache ---------------------------------------------------------------------------
     def kv_cache(self, comparison):
         if comparison is None:  # guidance, not an error: the visitor did nothing wrong
-            return plots.empty_figure("No comparison yet"), KV_FIRST
+            return gr.Plot(visible=False), KV_FIRST
         with user_errors():
             exits = self.studio.exit_layers(comparison)
         panels = views.cache_panels(comparison, exits)
@@ -193,7 +203,7 @@ class Callbacks:
                 "each must be recomputed, or filled by copying a lower layer's state. Its exits are an oracle's: "
                 "each token leaves at the first layer whose prediction already equals the full model's (the best "
                 f"case of CALM-style methods), over the first {generated} generated positions.")
-        return figure, note
+        return gr.Plot(figure, visible=True), note
 
     # ---- Batch ------------------------------------------------------------------------------
     def batch(self, prompts_text, model, speedup, max_new_tokens):
@@ -228,14 +238,18 @@ class Callbacks:
                  (load_table("bench"), lambda frame: plots.house_style(speed_figure(frame))))
         for table, figure in pairs:
             present = table.frame is not None
-            shown += [table.message,
-                      gr.Dataframe(table.frame if present else pd.DataFrame(), visible=present),
+            shown += [note(table), gr.Dataframe(for_people(table.name, table.frame), visible=present),
                       gr.Plot(_safe_figure(figure, table.frame) if present else None, visible=present)]
         # tables without a plot: the E2E adapters decoded by beam search; what people type (general prompts)
         for table in (load_table("e2e-beams4"), load_table("general")):
-            shown += [table.message, gr.Dataframe(table.frame if table.frame is not None else pd.DataFrame(),
-                                                  visible=table.frame is not None)]
+            shown += [note(table), gr.Dataframe(for_people(table.name, table.frame), visible=table.frame is not None)]
         return tuple(shown)
+
+
+def note(table) -> str:
+    """A table's line above it: its file and command, and what its columns need said (results.NOTES)."""
+    extra = NOTES.get(table.name, "") if table.frame is not None else ""
+    return f"{table.message} {extra}".strip()
 
 
 def _safe_figure(build, frame):

@@ -12,6 +12,7 @@ from skipdecode.evaluation.data import default_dir, e2e_prompt, read_items
 
 EXAMPLES_FILE = Path(__file__).resolve().parent.parent / "assets" / "examples" / "examples.json"
 E2E_TEST_FILE = "testset_w_refs.csv"
+LABEL_CHARS = 40  # an example's label: a short line, so that the examples take two rows, not six
 _SLOT = re.compile(r"([A-Za-z][A-Za-z ]*?)\s*\[([^\[\]]*)\]")
 _MR = re.compile(r"[A-Za-z][A-Za-z ]*\[[^\[\]]*\](?:\s*,\s*[A-Za-z][A-Za-z ]*\[[^\[\]]*\])*")
 
@@ -29,8 +30,8 @@ class Examples:
     @property
     def labels(self) -> list[str]:
         """Short names for the examples, in the order of `all_prompts`."""
-        e2e = ["E2E: " + ", ".join(value for _, value in _SLOT.findall(mr)) for mr in self.e2e]
-        return e2e + list(self.prompts)
+        e2e = [f"Restaurant: {dict(_SLOT.findall(mr)).get('name', 'a record')}" for mr in self.e2e]
+        return e2e + [p if len(p) <= LABEL_CHARS else p[: LABEL_CHARS - 1].rstrip(" ,") + "…" for p in self.prompts]
 
 
 @lru_cache(maxsize=4)

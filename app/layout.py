@@ -1,28 +1,39 @@
-"""The page, top to bottom: Compare, Batch, KV cache, Results. Wiring only; the work is in callbacks."""
+"""The page, top to bottom: one sentence and the prompt, then what a run draws (the answers and the verdict
+first, the layer view a pick opens, the charts), and the other tabs. Wiring only; the work is in callbacks.
+
+Nothing empty is drawn: the results appear with the first tokens, the layer view with the finished run, its
+step buttons with a picked token; a control that cannot act yet is disabled.
+"""
 
 from __future__ import annotations
 
-import html
-
 import gradio as gr
 
-from skipdecode.models import precision_reason
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import plots, results, teach, verified, views
-from .callbacks import DECODINGS, Callbacks
+from . import keys, machinery, plots, replay, results, teach, verified
+from .callbacks import DECODINGS, KV_FIRST, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
 from .lesson import GPU_CALLBACKS as LESSON_GPU_CALLBACKS
 from .lesson import PLAY_EVERY_S, Lesson
-from .studio import Studio, public_name
+from .studio import Studio
 
 CSS = """
 .gradio-container { max-width: 1360px !important; margin: auto; }
-#sd-header h1 { font-size: 1.7rem; margin: 0 0 .2rem 0; letter-spacing: -0.01em; }
-#sd-header p { margin: 0; color: #475569; font-size: .95rem; }
-.sd-badges { display: flex; gap: .4rem; margin-top: .5rem; flex-wrap: wrap; }
-.sd-badge { background: #eef2ff; color: #3730a3; border-radius: 999px; padding: .1rem .6rem; font-size: .78rem; }
+#sd-header h1 { font-size: 1.6rem; margin: 0 0 .15rem 0; letter-spacing: -0.01em; }
+#sd-header p { margin: 0; color: #475569; font-size: 1rem; }
+#sd-how p { margin: 0 0 .4rem 0; font-size: .85rem; color: #475569; }
+.sd-warning { background: #fff7ed; color: #9a3412; border: 1px solid #fdba74; border-radius: .5rem;
+  padding: .45rem .7rem; font-size: .95rem; }
+.sd-headline { padding: .15rem 0; }
+.sd-verdict { font-size: 1.35rem; font-weight: 650; color: #1e293b; line-height: 1.3; }
+.sd-faster .sd-verdict { color: #3730a3; }
+.sd-slower .sd-verdict { color: #9a3412; }
+.sd-same { font-size: 1rem; color: #334155; }
+.sd-detail { font-size: .8rem; color: #64748b; }
+.sd-replayed { display: inline-block; background: #e0f2fe; color: #075985; border-radius: 999px; padding: 0 .5rem;
+  font-size: .78rem; font-weight: 600; margin-right: .4rem; vertical-align: middle; }
 .sd-side-title { font-weight: 600; font-size: .95rem; margin: 0 0 .35rem 0; display: flex; align-items: center; gap: .45rem; }
 .sd-dot { width: .7rem; height: .7rem; border-radius: 50%; display: inline-block; }
 .sd-output { min-height: 7.5rem; max-height: 18rem; overflow-y: auto; padding: .75rem .85rem; border: 1px solid #e2e8f0;
@@ -51,19 +62,17 @@ CSS = """
 .sd-quality small { color: #94a3b8; }
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
-#sd-status { min-height: 2.4rem; font-size: .9rem; }
+#sd-status { font-size: .9rem; }
 #sd-lens-controls { position: sticky; top: 0; z-index: 25; background: var(--block-background-fill, #fff); }
-""" + teach.CSS
-# The charts' toolbars stay for the mouse and leave the Tab order: ten buttons a chart stood between Run and the
-# token slider (a keyboard or a presentation clicker walks the page with Tab).
-JS = """() => { const out = () => document.querySelectorAll('.modebar-btn:not([tabindex="-1"])')
-  .forEach((button) => button.setAttribute('tabindex', '-1'));
-  new MutationObserver(out).observe(document.body, {childList: true, subtree: true}); out(); }"""
-
+""" + teach.CSS + keys.CSS
+JS = keys.JS
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
-INTRO = ("Every token at one position of a batch gets the same **layer budget**; the budget never grows, and it is "
-         "spent on the **top** layers after a few **warm-up** layers, so the KV cache stays complete and batching "
-         "works ([SkipDecode, Del Corro et al. 2023](https://arxiv.org/abs/2307.02628)).")
+HEADER = ("<h1>SkipDecode Studio</h1><p>The same model answers twice, once skipping most of its layers and once "
+          "using all of them: see what skipping saves and what it costs.</p>")
+PAPER = ('<p>The method: <a href="https://arxiv.org/abs/2307.02628" target="_blank" rel="noopener">SkipDecode, '
+         "Del Corro et al. 2023</a>. Every token at one position of a batch gets the same layer budget, which never "
+         "grows, spent on the top layers after a few warm-up layers: the KV cache stays complete and batching "
+         "works.</p>")
 
 DEFAULT_BATCH = "\n".join([
     "Describe a cozy cafe in two sentences.",
@@ -91,40 +100,53 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
     L = engine.num_layers
     examples = load_examples()
     with gr.Blocks(title="SkipDecode Studio", analytics_enabled=False) as demo:
-        gr.Markdown(f"# SkipDecode Studio\n{INTRO}", elem_id="sd-header")
-        gr.HTML('<div class="sd-badges">' + "".join(f'<span class="sd-badge">{text}</span>' for text in (
-            public_name(engine.name), f"{L} layers", f"running on {engine.decoder.device.type.upper()}",
-            f'<span title="{html.escape(precision_reason(engine.decoder.device))}">{html.escape(engine.weights_label)}'
-            "</span>", html.escape(engine.step_label),  # compiled step, or eager step and why
-            "requests arriving together share one batch")) + "</div>")
-        with gr.Tabs():
+        with gr.Row(equal_height=False, elem_id="sd-top"):
+            with gr.Column(scale=4, min_width=480):
+                gr.HTML(HEADER, elem_id="sd-header")
+            with gr.Column(scale=1, min_width=260):
+                with gr.Accordion("How this runs", open=False, elem_id="sd-how"):
+                    gr.HTML(machinery.how_html(engine) + PAPER)
+        fallbacks = machinery.warnings_html(engine)  # only when one is in effect
+        gr.HTML(fallbacks, elem_id="sd-warnings", visible=bool(fallbacks))
+        with gr.Tabs(elem_id="sd-tabs") as tabs:
             # ---- Compare ------------------------------------------------------------------------
             with gr.Tab("Compare", id="compare"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=3):
-                        prompt = gr.Textbox(label="Prompt", lines=3, max_lines=8, elem_id="sd-prompt",
+                        prompt = gr.Textbox(label="Your prompt", lines=3, max_lines=8, elem_id="sd-prompt",
                                             placeholder="Ask anything, or pick an example below")
                         gr.Examples(examples.all_prompts, inputs=prompt, example_labels=examples.labels,
-                                    label="Examples: E2E restaurant descriptions are also scored against their "
-                                    "human references", examples_per_page=10)
+                                    label="Examples (the restaurant records are also scored against people's own "
+                                    "descriptions)", examples_per_page=10, elem_id="sd-examples")
                     with gr.Column(scale=2):
-                        model = gr.Dropdown(studio.labels, value=studio.labels[0], label="Model",
-                                            interactive=len(studio.labels) > 1,
-                                            info="auto picks the adapter for the prompt and the target speedup"
-                                            if len(studio.labels) > 1 else
-                                            "fine-tuned adapters join this list when assets/adapters has them")
                         speedup = gr.Slider(1, max_speedup(L, DEFAULT_WARMUP), value=start, step=0.25,
                                             label="Target speedup", info=f"average layers per token = {L} / speedup",
                                             elem_id="sd-speedup")
-                        max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
-                                                   label="Max new tokens", elem_id="sd-max-new-tokens")
-                        decoding = gr.Radio(list(DECODINGS), value="greedy", label="Decoding")
+                        speed_note = gr.Markdown(visible=False, elem_id="sd-speed-note")
                         family = gr.Radio(list(verified.FAMILIES), value=verified.FASTER, label="What it promises",
                                           elem_id="sd-family")  # app/verified.py
                         with gr.Row():
                             run = gr.Button("Run", variant="primary", elem_id="sd-run", scale=3)
-                            stop = gr.Button("Stop", variant="secondary", scale=1)
-                with gr.Accordion("Schedule (advanced)", open=False):
+                            stop = gr.Button("Stop", variant="secondary", scale=1, interactive=False,
+                                             elem_id="sd-stop")
+                        with gr.Row():
+                            lesson_button = gr.Button("Open the lesson's comparison", size="sm", elem_id="sd-lesson",
+                                                      visible=replay.LESSON_FILE.exists())  # docs/teaching.md
+                            replay_file = gr.UploadButton("Replay a saved comparison…", file_types=[".json"],
+                                                          size="sm", elem_id="sd-replay-file")
+                replay_note = gr.HTML(elem_id="sd-replay-note")
+                with gr.Accordion("More settings: model, length, decoding, schedule", open=False,
+                                  elem_id="sd-settings"):
+                    with gr.Row():
+                        model = gr.Dropdown(studio.labels, value=studio.labels[0], label="Model",
+                                            interactive=len(studio.labels) > 1, elem_id="sd-model",
+                                            info="auto picks the adapter for the prompt and the target speedup"
+                                            if len(studio.labels) > 1 else
+                                            "fine-tuned adapters join this list when assets/adapters has them")
+                        max_new_tokens = gr.Slider(1, studio.limits.max_new_tokens, value=48, step=1,
+                                                   label="Max new tokens", elem_id="sd-max-new-tokens")
+                        decoding = gr.Radio(list(DECODINGS), value="greedy", label="Decoding", elem_id="sd-decoding")
+                    gr.Markdown("**Schedule**: the layers each position runs")
                     with gr.Row():
                         manual = gr.Checkbox(False, label="Set budgets by hand (ignore the speedup slider)")
                         max_budget = gr.Slider(1, L, value=min(20, L), step=1, label="Max budget (first position)")
@@ -137,7 +159,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         mode = gr.Radio(list(MODES), value="skip", label="Mode",
                                         info="skip: warm-up + top layers; early_exit: bottom layers only")
                     schedule_note = gr.Markdown(elem_id="sd-schedule-note")
-                with gr.Accordion("Sampling and beam search", open=False):
+                    preview_plot = gr.Plot(show_label=False, elem_id="sd-preview-plot")
+                    gr.Markdown("**Sampling and beam search** (for the Decoding choices above)")
                     with gr.Row():
                         beams = gr.Slider(2, studio.limits.max_beams, value=4, step=1, label="Beams (beam search)",
                                           info="the E2E table's beam rows used 4")
@@ -145,58 +168,55 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
                         top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
                         seed = gr.Number(0, precision=0, label="Seed")
-                status = gr.Markdown(elem_id="sd-status")
-                with gr.Row(equal_height=True):
-                    with gr.Column():
-                        gr.HTML(f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.SKIP}">'
-                                "</span>SkipDecode</div>")
-                        skip_out = gr.HTML(views.EMPTY_OUTPUT, elem_id="sd-skip-output", js_on_load=teach.CLICK_JS)
-                    with gr.Column():
-                        gr.HTML(f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.FULL}">'
-                                "</span>Full decoding</div>")
-                        full_out = gr.HTML(views.EMPTY_OUTPUT, elem_id="sd-full-output")
-                gr.HTML(views.legend_html(L))
-                part_note = gr.Markdown(elem_id="sd-part-note")
-                metrics = gr.HTML(views.metrics_html(None), elem_id="sd-metrics")
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=2):
-                        quality = gr.HTML(views.quality_html(None), elem_id="sd-quality")
-                    with gr.Column(scale=3):
-                        budget_plot = gr.Plot(label="Budget", show_label=False, elem_id="sd-budget-plot")
-                latency_plot = gr.Plot(plots.empty_figure("Latency appears when you run", height=340), label="Latency",
-                                       show_label=False, elem_id="sd-latency-plot")
-                layer_plot = gr.Plot(plots.empty_figure("Which layers ran at which position appears when you run"),
-                                     label="Layers", show_label=False, elem_id="sd-layer-plot")
-                with gr.Accordion("Why they part: the same prefix at full depth, one token layer by layer",
-                                  open=True, elem_id="sd-teach"):
-                    gr.Markdown("Given SkipDecode's own prefix, would full depth have chosen the same token? One "
-                                "full-depth pass over the SkipDecode answer says, at every position. Pick a token "
-                                "(click it in the SkipDecode answer, or move the slider) to see, after each layer that "
-                                "ran, the top 3 tokens of the final norm + LM head (the logit lens): SkipDecode's run "
-                                "beside full depth on the same prefix.")
-                    divergence_plot = gr.Plot(plots.empty_figure("Agreement with full depth appears when you run"),
-                                              show_label=False, elem_id="sd-divergence-plot")
-                    with gr.Row(equal_height=True, elem_id="sd-lens-controls"):  # sticky: beside the tables
-                        position = gr.Slider(0, 1, value=0, step=1, label="Token of the SkipDecode answer",
-                                             interactive=False, elem_id="sd-position", scale=3)
-                        previous_layer = gr.Button("◀ layer", elem_id="sd-previous-layer", scale=0, min_width=90)
-                        next_layer = gr.Button("layer ▶", elem_id="sd-next-layer", scale=0, min_width=90)
-                        play = gr.Button("Play", elem_id="sd-play", scale=0, min_width=90)
-                        all_layers = gr.Button("All layers", elem_id="sd-all-layers", scale=0, min_width=110)
-                    lens_view = gr.HTML(teach.lens_html({}, 0), elem_id="sd-lens")
-                    lens_plot = gr.Plot(plots.empty_figure("The layer view appears when you pick a token", height=320),
-                                        show_label=False, elem_id="sd-lens-plot")
+
+                with gr.Column(visible=False, elem_id="sd-results") as results_box:
                     with gr.Row(equal_height=False):
-                        export = gr.Button("Export: the trace as JSON, every figure as PNG", elem_id="sd-export",
-                                           scale=1)
-                        export_file = gr.File(label="Exported trace", visible=False, elem_id="sd-export-file", scale=1)
-                        with gr.Column(scale=1):
-                            replay_file = gr.File(label="Replay an exported trace (.json): no model runs",
-                                                  file_types=[".json"], elem_id="sd-replay-file")
-                            replay_note = gr.HTML(elem_id="sd-replay-note")
+                        with gr.Column(scale=5):
+                            headline = gr.HTML(elem_id="sd-headline")
+                        with gr.Column(scale=1, min_width=150):
+                            present = gr.Button("Present ▶", elem_id="sd-present", interactive=False)
+                    with gr.Row(equal_height=True):
+                        with gr.Column():
+                            skip_title = gr.HTML(elem_id="sd-skip-title")
+                            skip_out = gr.HTML(elem_id="sd-skip-output", js_on_load=teach.CLICK_JS)
+                        with gr.Column():
+                            gr.HTML(f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.FULL}">'
+                                    "</span>Full decoding: all layers for every token</div>")
+                            full_out = gr.HTML(elem_id="sd-full-output")
+                    legend = gr.HTML(elem_id="sd-legend")
+                    part_note = gr.Markdown(elem_id="sd-part-note")
+                    with gr.Column(visible=False, elem_id="sd-teach") as teach_box:
+                        with gr.Row(equal_height=True, elem_id="sd-lens-controls"):  # sticky: beside the tables
+                            position = gr.Slider(0, 1, value=0, step=1, label="Token of the answer, layer by layer",
+                                                 interactive=False, elem_id="sd-position", scale=3)
+                            previous_layer = gr.Button("◀ layer", elem_id="sd-previous-layer", scale=0, min_width=90,
+                                                       interactive=False)
+                            next_layer = gr.Button("layer ▶", elem_id="sd-next-layer", scale=0, min_width=90,
+                                                   interactive=False)
+                            play = gr.Button("Play", elem_id="sd-play", scale=0, min_width=90, interactive=False)
+                            all_layers = gr.Button("All layers", elem_id="sd-all-layers", scale=0, min_width=110,
+                                                   interactive=False)
+                        lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
+                        lens_plot = gr.Plot(show_label=False, elem_id="sd-lens-plot", visible=False)
+                    with gr.Column(visible=False, elem_id="sd-charts") as charts_box:
+                        metrics = gr.HTML(elem_id="sd-metrics")
+                        with gr.Row(equal_height=False):
+                            with gr.Column(scale=2):
+                                quality = gr.HTML(elem_id="sd-quality")
+                            with gr.Column(scale=3):
+                                budget_plot = gr.Plot(show_label=False, elem_id="sd-budget-plot")
+                        latency_plot = gr.Plot(show_label=False, elem_id="sd-latency-plot")
+                        layer_plot = gr.Plot(show_label=False, elem_id="sd-layer-plot")
+                        divergence_plot = gr.Plot(show_label=False, elem_id="sd-divergence-plot")
+                        with gr.Accordion("Details of this run", open=False, elem_id="sd-details"):
+                            status = gr.Markdown(elem_id="sd-status")
+                        with gr.Row(equal_height=False):
+                            export = gr.Button("Export: the comparison as JSON, every chart as PNG",
+                                               elem_id="sd-export", scale=1)
+                            export_file = gr.File(label="Exported comparison", visible=False, elem_id="sd-export-file",
+                                                  scale=1)
                 last = gr.State(None)
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
-                replayed = gr.State(None)  # the prompt a replay put in the box (its change keeps the replayed plot)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
                 player = gr.Timer(PLAY_EVERY_S, active=False)
 
@@ -230,15 +250,17 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             "SkipDecode, and under per-token early exit on the same tokens.")
                 with gr.Row():
                     kv_button = gr.Button("Show the KV cache of the last run", variant="primary", scale=0,
-                                          min_width=320, elem_id="sd-kv-run")
-                kv_note = gr.Markdown(elem_id="sd-kv-note")
-                kv_plot = gr.Plot(show_label=False, elem_id="sd-kv-plot")
+                                          min_width=320, elem_id="sd-kv-run", interactive=False)
+                kv_note = gr.Markdown(KV_FIRST, elem_id="sd-kv-note")
+                kv_plot = gr.Plot(show_label=False, elem_id="sd-kv-plot", visible=False)
 
             # ---- Present ------------------------------------------------------------------------
             with gr.Tab("Present", id="present", elem_id="sd-present-tab") as present_tab:
                 with gr.Row():
-                    previous_slide = gr.Button("◀ previous", elem_id="sd-previous-slide", scale=0, min_width=120)
-                    next_slide = gr.Button("next ▶", elem_id="sd-next-slide", scale=0, min_width=120)
+                    previous_slide = gr.Button("◀ previous", elem_id="sd-previous-slide", scale=0, min_width=120,
+                                               interactive=False)
+                    next_slide = gr.Button("next ▶", elem_id="sd-next-slide", scale=0, min_width=120,
+                                           interactive=False)
                     gr.Markdown("The last comparison (run or replayed), one thing at a time in large type: arrow keys, "
                                 "space and Page Up/Down move between slides.")
                 slide = gr.HTML(teach.slide_html(None, 0), js_on_load=teach.KEYS_JS, elem_id="sd-slide")
@@ -247,16 +269,12 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
 
             # ---- Results ------------------------------------------------------------------------
             with gr.Tab("Results", id="results"):
-                gr.Markdown("Measured results from `assets/results/`, exactly as the commands wrote them. The E2E "
-                            "plot draws as a frontier what this app serves: at each speedup, the adapter "
-                            "\"auto\" runs there. Rows of the same run that auto does not run (an adapter at a "
-                            "speedup it was not trained for, or one passed over for another) are experiments: in "
-                            "the table after the served rows, and on the plot when the box below is ticked.")
+                gr.Markdown(results.INTRO)
                 e2e_note = gr.Markdown()
                 show_experiments = gr.Checkbox(False, label="show experiment adapters", elem_id="sd-show-experiments",
                                                info="grey points; hover one for its name")
                 e2e_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-results-plot")
-                e2e_table = gr.Dataframe(label="E2E quality (test set): served rows first", interactive=False,
+                e2e_table = gr.Dataframe(label="E2E quality (test set): what the page serves first", interactive=False,
                                          visible=False, elem_id="sd-results-table")
                 beams_note = gr.Markdown()
                 beams_table = gr.Dataframe(label="E2E quality (test set), decoded by beam search of width 4, as the "
@@ -268,33 +286,43 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                              interactive=False, visible=False, elem_id="sd-results-general")
                 bench_note = gr.Markdown()
                 bench_plot = gr.Plot(show_label=False, visible=False)
-                bench_table = gr.Dataframe(label="Speed benchmark", interactive=False, visible=False)
+                bench_table = gr.Dataframe(label="Speed benchmark", interactive=False, visible=False,
+                                           elem_id="sd-results-bench")
                 refresh = gr.Button("Reload results", size="sm")
 
         # ---- wiring ---------------------------------------------------------------------------------
         schedule_inputs = [model, speedup, max_new_tokens, manual, max_budget, min_budget, warmup, horizon, decay, mode,
                            prompt]  # the prompt: "auto" picks by it, and may run another speedup
-        for control in schedule_inputs[:-1]:
-            control.change(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private",
-                           show_progress="hidden", queue=False)
-        prompt.change(cb.preview_unless_replayed, [*schedule_inputs, replayed], [budget_plot, schedule_note],
-                      api_visibility="private", show_progress="hidden", queue=False)
-        demo.load(cb.preview, schedule_inputs, [budget_plot, schedule_note], api_visibility="private", queue=False)
+        preview_outputs = [preview_plot, schedule_note, speed_note]
+        # one listener for every control: its runs never overlap (always_last), so no stale preview lands last
+        gr.on([control.change for control in schedule_inputs], cb.preview, schedule_inputs, preview_outputs,
+              api_visibility="private", show_progress="hidden", queue=False, trigger_mode="always_last")
+        demo.load(cb.preview, schedule_inputs, preview_outputs, api_visibility="private", queue=False)
         compare_inputs = [prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
                           manual, max_budget, min_budget, warmup, horizon, decay, mode, beams, family]
-        compare_outputs = [status, skip_out, full_out, metrics, quality, last, budget_plot, layer_plot, latency_plot]
-        events = [trigger(cb.stream_compare, compare_inputs, compare_outputs, api_visibility="private",
-                          concurrency_limit=concurrency, concurrency_id="decode", show_progress="minimal")
+        # what a comparison draws (Callbacks.drawn): a run streams it, a replay draws it at once
+        drawn_outputs = [results_box, headline, skip_title, skip_out, full_out, legend, status, last, charts_box,
+                         metrics, quality, budget_plot, layer_plot, latency_plot]
+        events = [trigger(cb.stream_compare, compare_inputs, [*drawn_outputs, teach_box, part_note, stop],
+                          api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode",
+                          show_progress="minimal")
                   for trigger in (run.click, prompt.submit)]
+        for trigger in (run.click, prompt.submit):
+            trigger(None, js=keys.AFTER_RUN_JS, api_visibility="private")
+        for event in events:
+            event.then(lambda: gr.Button(interactive=False), None, stop, api_visibility="private", queue=False)
         stop.click(None, cancels=events, api_visibility="private")
         # ---- teaching: marks, one position layer by layer, export and replay, presentation ----------
         settings_inputs = [speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual, max_budget,
                            min_budget, warmup, horizon, decay, mode, beams]
-        shown_outputs = [skip_out, part_note, divergence_plot, position, lens_view, lens_plot]
+        step_buttons = [previous_layer, next_layer, play, all_layers]
+        # what a finished comparison opens (Lesson.opened): its record, the marks, the layer view's controls
+        opened_outputs = [record, skip_out, part_note, teach_box, position, lens_view, lens_plot, *step_buttons,
+                          divergence_plot, kv_button, present, previous_slide, next_slide, slide_index]
         for event in events:
-            event.success(lesson.after_compare, [last, *settings_inputs], [record, *shown_outputs],
+            event.success(lesson.after_compare, [last, *settings_inputs], opened_outputs,
                           api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode")
-        pick_outputs = [record, skip_out, position, lens_view, lens_plot, shown_layers, player]
+        pick_outputs = [record, skip_out, position, lens_view, lens_plot, shown_layers, player, *step_buttons]
         skip_out.click(lesson.clicked, [record, last], pick_outputs, api_visibility="private",
                        concurrency_limit=concurrency, concurrency_id="decode")
         # input, not release: the arrow keys move the slider without a release, and each move picks
@@ -310,13 +338,19 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         export.click(None, None, None, js=teach.PNG_JS, api_visibility="private")
         export.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
                      concurrency_limit=concurrency, concurrency_id="decode")
-        replay_file.upload(lesson.replay, [replay_file], [record, status, full_out, metrics, quality, budget_plot,
-                                                          layer_plot, latency_plot, *shown_outputs, last,
-                                                          replay_note, prompt, replayed],
-                           api_visibility="private", queue=False, show_progress="hidden")  # a refusal changes the note only
-        replay_file.clear(lambda: "", None, replay_note, api_visibility="private", queue=False, show_progress="hidden")
+        replay_outputs = [*drawn_outputs, *opened_outputs, replay_note, prompt]
+        replay_file.upload(lesson.replay, [replay_file], replay_outputs, api_visibility="private", queue=False,
+                           show_progress="hidden")  # a refusal changes the note only
+        lesson_button.click(lesson.replay_lesson, None, replay_outputs, api_visibility="private", queue=False,
+                            show_progress="hidden")
+        for button in (replay_file, lesson_button):
+            (button.upload if button is replay_file else button.click)(None, js=keys.AFTER_RUN_JS,
+                                                                       api_visibility="private")
         slide_outputs = [slide, slide_plot, slide_index]
         present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
+        present.click(lambda r: (gr.Tabs(selected="present"), *lesson.slide(r, 0)), [record], [tabs, *slide_outputs],
+                      api_visibility="private", queue=False, js=None)
+        present.click(None, js=keys.TO_TOP_JS, api_visibility="private")
         # always_last: a press while the last slide is still drawing (its chart, on a loaded machine) moves on
         # once it is drawn, where the default ("once") dropped it
         next_slide.click(lambda r, i: lesson.slide(r, i, 1), [record, slide_index], slide_outputs,

@@ -8,11 +8,14 @@ Export and replay move the record through a JSON file; the presentation view sho
 
 from __future__ import annotations
 
+import html
 import logging
+from pathlib import Path
 
 import gradio as gr
 
-from . import plots, replay, teach, verified, views
+from . import plots, replay, teach, timing, verified, views
+from .callbacks import drawn as drawn_view
 from .callbacks import for_the_user, settings_from, user_errors
 from .studio import Studio
 
@@ -27,32 +30,21 @@ class Lesson:
 
     # ---- after a comparison -----------------------------------------------------------------
     def after_compare(self, comparison, *settings):
-        """The record of the comparison that just finished and the views it feeds (nothing if it did not
-        finish: stopped, or an error already shown)."""
+        """The record of the comparison that just finished and what it opens (`opened`); nothing if it did
+        not finish (stopped, or an error already shown)."""
         if comparison is None or comparison.divergence is None:
-            return (None,) + (gr.skip(),) * 6
+            return (None,) + (gr.skip(),) * (len(OPENED) - 1)
         with user_errors():
             tokenizer = self.studio.engine(comparison.model).tokenizer
             record = replay.record(comparison, tokenizer, settings_from(*settings),
                                    self.studio.engine(comparison.model).decoder.device)
-        return (record,) + self._shown(record, None)
-
-    def _shown(self, record, picked):
-        """Marks, summary, divergence figure, position slider, layer view and its figure."""
-        n = len(record["divergence"]["tokens"])
-        position = teach.default_position(record) if picked is None else picked
-        lensed = bool(record.get("lens"))
-        return (teach.marked_html(record, picked), teach.summary_markdown(record), teach.divergence_figure(record),
-                gr.Slider(0, max(n - 1, 1), value=position, step=1, interactive=n > 1),
-                teach.lens_html(record, position) if lensed else teach.lens_html({}, 0),
-                teach.lens_figure(record, position) if lensed else
-                plots.empty_figure("Pick a token (click it, or move the slider) to see it layer by layer", height=320))
+        return opened(record)
 
     # ---- one position, layer by layer ---------------------------------------------------------
     def pick(self, position, record, comparison):
         """The layer view of `position`; the lens of every position is computed on the first pick."""
         if record is None:  # guidance, not an error: nothing to pick from yet
-            return (gr.skip(),) * 3 + (teach.guide("run"),) + (gr.skip(),) * 3
+            return (gr.skip(),) * 3 + (teach.guide("run"),) + (gr.skip(),) * 7
         with user_errors():
             position = int(position)
             if not 0 <= position < len(record["divergence"]["tokens"]):
@@ -63,14 +55,15 @@ class Lesson:
                 lenses = self.studio.lenses(comparison)
                 replay.add_lenses(record, lenses, self.studio.engine(comparison.model).tokenizer)
         return (record, teach.marked_html(record, position), gr.Slider(value=position),
-                teach.lens_html(record, position), teach.lens_figure(record, position), None, gr.Timer(active=False))
+                teach.lens_html(record, position), gr.Plot(teach.lens_figure(record, position), visible=True), None,
+                gr.Timer(active=False)) + steppable(True)
 
     def clicked(self, record, comparison, evt: gr.EventData):
         """A click on the SkipDecode answer: `pick` the token clicked (the event's data stays here; only
         plain values go on to `pick`, which may run in a GPU call)."""
         position = getattr(evt, "position", None)
         if position is None:  # a click beside the tokens
-            return (gr.skip(),) * 7
+            return (gr.skip(),) * 11
         return self.pick(position, record, comparison)
 
     @staticmethod
@@ -124,46 +117,51 @@ class Lesson:
     def replay(self, file):
         """A page drawn from an exported file alone: no model runs. A file that is not a good export changes
         nothing on the page but the note beside the file box, which says in one sentence what is wrong."""
-        skip_all = (gr.skip(),) * 15  # what a replay draws (`_replayed`), then the note, the prompt, `replayed`
+        skip_all = (gr.skip(),) * (len(DRAWN) + len(OPENED))  # what a replay draws, then the note and the prompt
         if file is None:
-            return skip_all + ("", gr.skip(), gr.skip())
+            return skip_all + ("", gr.skip())
+        path = getattr(file, "name", file)
+        named = f"{html.escape(Path(path).name)}: "  # which file the note is about (several may be tried in turn)
         try:
-            record = replay.read(getattr(file, "name", file))
-            comparison = replay.comparison(record)
-            drawn = self._replayed(record, comparison)
+            record = replay.read(path)
+            drawn = self._replayed(record, replay.comparison(record))
         except (ValueError, OSError) as error:  # the file's fault: say so, no traceback
-            return skip_all + (refused(for_the_user(error)), gr.skip(), gr.skip())
+            return skip_all + (refused(named + for_the_user(error)), gr.skip())
         except Exception:  # a record the schema passed and the page could not draw: ours to fix
             log.exception("a replayed record passed the schema but could not be drawn")
-            return skip_all + (refused("This exported comparison could not be drawn; the error has been logged."),
-                               gr.skip(), gr.skip())
-        return drawn + ("", record["prompt"], record["prompt"])
+            return skip_all + (refused(named + "this exported comparison could not be drawn; the error has been "
+                                       "logged."), gr.skip())
+        # The prompt goes back into its box; the settings are shown, not put back into the controls.
+        return drawn + ("", record["prompt"])
 
-    def _replayed(self, record, comparison):
-        L = record["num_layers"]
-        full = views.tokens_html(record["full"]["pieces"], record["full"]["layers"], L)
-        # The prompt goes back into its box (the preview is told to leave the replayed budget plot alone); the
-        # settings are shown, not put back into the controls: a control that changes redraws the preview.
+    def replay_lesson(self):
+        """The comparison docs/teaching.md walks through, shipped with the app (replay.LESSON_FILE)."""
+        return self.replay(str(replay.LESSON_FILE))
+
+    @staticmethod
+    def _replayed(record, comparison):
         hardware = record["hardware"]
+        line = (f'<span class="sd-replayed">Replayed</span><span class="sd-detail">from an export made '
+                f"{views.safe(record['exported'])} on {views.safe(hardware['cpu'])}; no model ran.</span>")
+        out = drawn_view(comparison, record["skipdecode"]["pieces"], record["full"]["pieces"], replayed=line)
         status = (f"**Replayed** from an export made {views.safe(record['exported'])} on {views.safe(hardware['cpu'])} "
                   f"({views.safe(hardware['device'])}, {views.safe(hardware['dtype'])}); no model ran. "
                   f"Prompt: “{views.safe(record['prompt'])}”. "
                   + views.status_markdown(comparison, False).removeprefix("Done. "))
-        budget, layer_map, latency = views.compare_figures(comparison)
-        metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
-        return ((record, status, full, metrics, views.quality_html(comparison), budget, layer_map, latency) + self._shown(record, None) + (None,))
+        out[DRAWN.index("status")] = status
+        return tuple(out) + opened(record)
 
     # ---- presentation -------------------------------------------------------------------------
     @staticmethod
     def slide(record, index, move=0):
         """Slide `index` + `move`: its large-type HTML and its figure (hidden on the text slides)."""
-        index = (int(index or 0) + move) % len(teach.SLIDES)
+        names = teach.slides(record)
+        index = (int(index or 0) + move) % len(names)
         if record is None:
             return teach.slide_html(None, index), gr.Plot(visible=False), index
-        name = teach.SLIDES[index]
-        figure = None
+        name, figure, why = names[index], None, ""
+        comparison = replay.comparison(record)
         if name in ("layer map", "budget", "latency"):
-            comparison = replay.comparison(record)
             budget, layer_map, latency = views.compare_figures(comparison)
             figure = {"layer map": layer_map, "budget": budget, "latency": latency}[name]
         elif name == "divergence":
@@ -171,12 +169,42 @@ class Lesson:
         elif name == "lens":
             figure = (teach.lens_figure(record, teach.default_position(record)) if record.get("lens") else
                       plots.empty_figure("Pick a token on the Compare tab first: the layer view is computed then"))
+        elif name == "acceptance":
+            why = verified.explain(record["verification"], timing.of(comparison))
         if figure is not None:
             figure.update_layout(font=dict(size=18), height=teach.SLIDE_HEIGHT)
-        return teach.slide_html(record, index), gr.Plot(figure, visible=figure is not None), index
+        return teach.slide_html(record, index, why), gr.Plot(figure, visible=figure is not None), index
 
     def keyed(self, record, index, evt: gr.EventData):
         return self.slide(record, index, int(getattr(evt, "step", 0) or 0))
+
+
+# The layout's output lists, by name: what a comparison draws (callbacks.drawn) and what a finished one opens.
+DRAWN = ("results", "headline", "skip_title", "skip_out", "full_out", "legend", "status", "last", "charts", "metrics",
+         "quality", "budget_plot", "layer_plot", "latency_plot")
+OPENED = ("record", "skip_out", "part_note", "teach_box", "position", "lens_view", "lens_plot", "previous_layer",
+          "next_layer", "play", "all_layers", "divergence_plot", "kv_button", "present", "previous_slide",
+          "next_slide", "slide_index")
+
+
+def steppable(on: bool) -> tuple:
+    """The four step buttons, usable only once a token is picked."""
+    return tuple(gr.Button(interactive=on) for _ in range(4))
+
+
+def opened(record: dict) -> tuple:
+    """What a finished comparison opens, in OPENED's order: its record, the answer with its marks, what they
+    say, the layer view's controls (a token to pick; the step buttons wait for the pick), the agreement figure
+    (not for verified decoding, whose answer is full depth's own), and the controls that need a comparison
+    (the KV cache, Present, the slides, which start again at the first)."""
+    n = len(record["divergence"]["tokens"])
+    position = teach.default_position(record)
+    usable = gr.Button(interactive=True)
+    return ((record, teach.marked_html(record), teach.summary_markdown(record), gr.Column(visible=True),
+             gr.Slider(0, max(n - 1, 1), value=position, step=1, interactive=n > 1), teach.guide("pick"),
+             gr.Plot(visible=False)) + steppable(False)
+            + (gr.Plot(teach.divergence_figure(record), visible=not record.get("verified")), usable, usable, usable,
+               usable, 0))
 
 
 def refused(message: str) -> str:

@@ -97,7 +97,7 @@ def _category_heatmap(fig, grid, categories, x, y, hover, row=None, col=None, le
     scale = []
     for code, (_, colour) in enumerate(categories):
         scale += [[code / n, colour], [(code + 1) / n, colour]]
-    fig.add_trace(go.Heatmap(z=grid, x=x, y=y, zmin=-0.5, zmax=n - 0.5, colorscale=scale, showscale=False,
+    fig.add_trace(go.Heatmap(z=np.asarray(grid).tolist(), x=x, y=y, zmin=-0.5, zmax=n - 0.5, colorscale=scale, showscale=False,
                              customdata=np.array([[categories[c][0] for c in r] for r in grid]),
                              hovertemplate=hover, xgap=0.5, ygap=0.5), row=row, col=col)
     if legend:
@@ -124,28 +124,102 @@ def layer_map_figure(run: pd.DataFrame, num_layers: int, prompt_tokens: int, war
     return _style(fig, "Layers run at every position", height=360)
 
 
-def latency_figure(skip: pd.DataFrame, full: pd.DataFrame, measured: float | None = None,
-                   theoretical: float | None = None) -> go.Figure:
-    """Per-token and cumulative latency of both runs (cumulative includes the prefill); the title gives
-    the measured decode speedup against the theoretical one when they are known."""
-    for frame, name in ((skip, "the SkipDecode run"), (full, "the full run")):
-        _require(frame, ["step", "ms", "cumulative_ms"], name)
+# Verified decoding (app/rounds.py's frames): the draft's layers per output token and the verify passes.
+KEPT_COLOUR, REJECTED_COLOUR, OWN_COLOUR, COPIED_COLOUR = "#10b981", "#ef4444", "#d1d5db", "#a78bfa"
+DRAFT_STATES = [("skipped by the draft", SKIPPED), ("draft: warm-up layers", WARMUP),
+                ("draft: top layers, kept", KEPT_COLOUR), ("draft: top layers, rejected", REJECTED_COLOUR),
+                ("no draft: the full model's own token", OWN_COLOUR), ("copied from the prompt", COPIED_COLOUR)]
+OUTCOME_CODES = {"kept": 2, "rejected": 3, "none": 4, "copied": 5}
+
+
+def draft_states(drafts: pd.DataFrame, num_layers: int, warmup: int) -> np.ndarray:
+    """[layer, output token] codes of DRAFT_STATES: the layers each token's draft ran (warm-up, or top layers
+    coloured by the verifier's verdict), the rest skipped; a column with no draft is its own token's."""
+    _require(drafts, ["token", "outcome", "layers"], "the drafts")
+    grid = np.zeros((num_layers, len(drafts)), dtype=int)
+    for column, (outcome, layers) in enumerate(zip(drafts["outcome"], drafts["layers"])):
+        if outcome in ("none", "copied"):
+            grid[:, column] = OUTCOME_CODES[outcome]
+            continue
+        for layer in layers:
+            grid[layer, column] = 1 if layer < warmup else OUTCOME_CODES[outcome]
+    return grid
+
+
+def _passes(fig, passes: pd.DataFrame, y, row=None, col=None, legend: bool = True) -> None:
+    """Each verify pass as a bar over the output tokens it judged (drafts + 1), at `y(lane)`."""
+    for index, p in enumerate(passes.itertuples()):
+        hover = (f"verify pass {p.round}: all layers over {p.drafted + 1} positions at once; kept {p.accepted} "
+                 f"of {p.drafted} drafts" + (f", {p.ms:.0f} ms with its drafts" if p.ms else "") + "<extra></extra>")
+        fig.add_trace(go.Scatter(x=[p.first - 0.42, p.last + 0.42], y=[y(p.lane)] * 2, mode="lines",
+                                 line=dict(color=FULL, width=9), name="verify pass: all layers, drafts + 1 positions",
+                                 legendgroup="pass", showlegend=legend and index == 0, hovertemplate=hover),
+                      row=row, col=col)
+
+
+def rounds_map_figure(drafts: pd.DataFrame, passes: pd.DataFrame, num_layers: int, warmup: int) -> go.Figure:
+    """Verified decoding's layers x output tokens: the draft's layers at each token (skipped ones as gaps),
+    coloured by the verifier's verdict, and above them each round's verify pass over its drafts + 1."""
+    grid = draft_states(drafts, num_layers, warmup)
+    tokens = np.arange(grid.shape[1])
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.16, 0.84], vertical_spacing=0.03)
+    _passes(fig, passes, lambda lane: lane, row=1, col=1)
+    _category_heatmap(fig, grid, DRAFT_STATES, tokens, np.arange(num_layers),
+                      "token %{x}, layer %{y}: %{customdata}<extra></extra>", row=2, col=1)
+    fig.update_yaxes(visible=False, range=[-0.8, 1.8], row=1, col=1)
+    fig.update_yaxes(title="layer (0 = bottom)", showgrid=False, range=[-0.5, num_layers - 0.5], row=2, col=1)
+    fig.update_xaxes(showgrid=False)
+    fig.update_xaxes(title="output token (0: chosen by the prefill)", row=2, col=1)
+    fig = _style(fig, "Rounds: the draft's layers at each token, then one verify pass over them", height=400)
+    fig.update_layout(margin=dict(t=96))
+    return fig
+
+
+def rounds_budget_figure(drafts: pd.DataFrame, passes: pd.DataFrame, scheduled: pd.DataFrame,
+                         num_layers: int) -> go.Figure:
+    """Layers per output token under verified decoding: the draft's budget (scheduled line, and what each
+    draft ran, kept or rejected) and the verify passes, each all layers over its drafts + 1 positions."""
+    _require(drafts, ["token", "outcome", "budget"], "the drafts")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=scheduled["step"] + 1, y=scheduled["budget"], name="the draft's budget b(s)",
+                             mode="lines", line=dict(color="#a5b4fc", width=3, shape="hv"),
+                             hovertemplate="token %{x}: %{y} layers scheduled for its draft<extra></extra>"))
+    _passes(fig, passes, lambda lane: num_layers + 0.9 * lane)
+    for outcome, name, colour in (("kept", "draft kept", KEPT_COLOUR), ("rejected", "draft rejected", REJECTED_COLOUR)):
+        part = drafts[(drafts["outcome"] == outcome) & (drafts["budget"] > 0)]
+        if len(part):
+            fig.add_trace(go.Scatter(x=part["token"], y=part["budget"], name=name, mode="markers",
+                                     marker=dict(color=colour, size=8, line=dict(color="white", width=1)),
+                                     hovertemplate="token %{x}: its draft ran %{y} layers (" + outcome + ")"
+                                     "<extra></extra>"))
+    fig.update_yaxes(title="layers run", range=[0, num_layers + 3])
+    fig.update_xaxes(title="output token")
+    return _style(fig, "Layers per token: the draft's, and the full model's checks")
+
+
+def latency_figure(skip: pd.DataFrame, full: pd.DataFrame, verdict: str | None = None,
+                   name: str = "SkipDecode") -> go.Figure:
+    """Both sides counted alike (app/timing.py's token frames): left, the time each decoded token took
+    (prefill excluded); right, the time to each output token, the prefill included (token 0 is the
+    prefill's), whose ends the headline compares; the title gives the verdict (`Timing.words`)."""
+    for frame, what in ((skip, f"the {name} run"), (full, "the full run")):
+        _require(frame, ["token", "ms", "cumulative_ms"], what)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14)
-    for frame, name, colour in ((full, "full decoding", FULL), (skip, "SkipDecode", SKIP)):
-        fig.add_trace(go.Scatter(x=frame["step"], y=frame["ms"], name=name, mode="lines",
-                                 line=dict(color=colour, width=2), legendgroup=name,
-                                 hovertemplate=name + ", position %{x}: %{y:.1f} ms<extra></extra>"), 1, 1)
-        fig.add_trace(go.Scatter(x=frame["step"], y=frame["cumulative_ms"], name=name, mode="lines",
-                                 line=dict(color=colour, width=2), legendgroup=name, showlegend=False,
-                                 hovertemplate=name + ", position %{x}: %{y:.0f} ms so far<extra></extra>"), 1, 2)
-    fig.update_xaxes(title="generated position s")
+    for frame, label, colour in ((full, "full decoding", FULL), (skip, name, SKIP)):
+        decoded = frame[frame["token"] > 0]
+        fig.add_trace(go.Scatter(x=decoded["token"], y=decoded["ms"], name=label, mode="lines",
+                                 line=dict(color=colour, width=2), legendgroup=label,
+                                 hovertemplate=label + ", token %{x}: %{y:.1f} ms<extra></extra>"), 1, 1)
+        fig.add_trace(go.Scatter(x=frame["token"], y=frame["cumulative_ms"], name=label, mode="lines+markers",
+                                 marker=dict(size=3), line=dict(color=colour, width=2), legendgroup=label,
+                                 showlegend=False,
+                                 hovertemplate=label + ", token %{x}: %{y:.0f} ms since the start<extra></extra>"),
+                      1, 2)
+    fig.update_xaxes(title="output token")
     fig.update_yaxes(rangemode="tozero")
-    fig.update_yaxes(title="ms per token", row=1, col=1)
-    fig.update_yaxes(title="cumulative ms (with prefill)", row=1, col=2)
-    title = "Latency of both runs"
-    if measured is not None and theoretical is not None:
-        title += f": SkipDecode {measured:.2f}× faster per token, {theoretical:.2f}× fewer layers"
-    return _style(fig, title)
+    fig.update_yaxes(title="ms per decoded token", row=1, col=1)
+    fig.update_yaxes(title="ms to this token, prefill included", row=1, col=2)
+    return _style(fig, "Time" + (f": {verdict}" if verdict else ""))
 
 
 # ---- KV cache tab -------------------------------------------------------------------------------

@@ -28,6 +28,10 @@ from .record import FORMAT, load
 from .studio import Comparison, Settings
 from .views import TokenText, token_layers
 
+# The comparison docs/teaching.md walks through, exported from the page and shipped: the lesson's figures come
+# from it, and the page replays it ("Open the lesson's comparison") where no model can run.
+ROOT = Path(__file__).resolve().parent.parent
+LESSON_FILE = ROOT / "assets" / "lesson" / "the-cricketers-3x.json"
 
 
 def hardware(device: torch.device, dtype: str) -> dict:
@@ -124,3 +128,32 @@ def read(path: str | os.PathLike) -> dict:
     except (KeyError, TypeError, ValueError) as error:  # the schema should have said; never a traceback
         raise ValueError(f"This exported comparison is damaged ({type(error).__name__}: {error}).") from None
     return data
+
+
+LESSON_PROMPT = ("Write one sentence describing this restaurant, using every fact: name[The Cricketers], "
+                 "eatType[coffee shop], customer rating[high], familyFriendly[yes], near[Express by Holiday Inn]")
+
+
+def make_lesson(path: Path = LESSON_FILE) -> dict:
+    """The lesson's comparison, as the page exports it: the E2E record above, "auto" at 3x, 24 new tokens,
+    greedy, on the precision a visitor's CPU gets, the layer view of every position included."""
+    from .studio import AUTO, Studio
+
+    studio = Studio()
+    try:
+        settings = Settings(speedup=3.0, max_new_tokens=24)
+        final = list(studio.compare(LESSON_PROMPT, settings, AUTO))[-1]
+        engine = studio.engine(final.model)
+        studio.lenses(final)
+        out = record(final, engine.tokenizer, settings, engine.decoder.device)
+    finally:
+        studio.batcher.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, ensure_ascii=False, indent=1), encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":  # python -m app.replay: the lesson's file again (docs/teaching.md)
+    written = make_lesson()
+    print(f"{LESSON_FILE}: {written['divergence']['agreement']:.0%} agreement, {len(written['skipdecode']['token_ids'])} "
+          f"tokens, {written['hardware']['cpu']}")

@@ -1,9 +1,10 @@
 """The measured results in assets/results: the E2E quality tables, the general-prompt table and the speed
 benchmark, if present.
 
-The files stay as the commands wrote them; the page only orders them: the columns a reader needs first,
-and in the E2E table the rows of what this app serves ("auto"'s adapter at its speedup, from the adapters
-folder) first, marked in a `served` column, then the experiments the same run measured.
+The files stay as the commands wrote them; the page only orders and names them: in the E2E table the rows of
+what this app serves ("auto"'s adapter at its speedup, from the adapters folder) first, marked in a `served`
+column, then the experiments the same run measured (`arrange`, which the plots read); for the tables a
+person reads, the columns they need under names with units, what the page runs first (`for_people`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ FIRST_COLUMNS = {  # what a reader looks for first, in this order; the other col
     "bench": ("method", "speedup", "batch_size", "measured_speedup", "tokens_per_s", "bound"),
 }
 log = logging.getLogger("skipdecode.app")
+INTRO = ("Measured results from `assets/results/`, the figures as the commands wrote them (the tables name their "
+         "columns for reading; the files keep their own names). What this page runs comes first in each table. The "
+         "E2E plot draws as a frontier what \"auto\" serves at each speedup; rows of the same run that auto does not "
+         "run (an adapter at a speedup it was not trained for, or one passed over for another) are experiments: "
+         "after the served rows, and on the plot when the box below is ticked.")
 
 
 @dataclass
@@ -106,3 +112,79 @@ def e2e_figure(show_experiments: bool = False, folder: Path | None = None):
         return plots.quality_speed_figure(table.frame, show_experiments=bool(show_experiments))
     except (KeyError, ValueError) as error:  # a table from another version, with other columns
         return plots.empty_figure(f"Cannot plot this table: {error}")
+
+
+# ---- for people: the tables as the Results tab shows them --------------------------------------------
+# Each table's columns a reader needs, in order, each under a name with its unit; the files keep theirs.
+PEOPLE = {
+    "e2e": {"served": "on this page", "row": "run", "adapter": "adapter", "speedup": "target speedup (×)",
+            "decode_speedup": "measured decode speedup (×)", "avg_layers": "layers per token",
+            "bleu": "BLEU (0-100)", "bleu_e2e": "BLEU, the E2E challenge's script (0-100)",
+            "rouge_l": "ROUGE-L (0-100)", "chrf": "chrF (0-100)", "ser": "slot errors (% of records)",
+            "names": "names spelled right (%)", "length": "length (% of the references')",
+            "ms_per_token": "ms per token (eval run)", "mrs": "records", "beams": "beams"},
+    "general": {"speedup": "target speedup (×)", "adapter": "adapter", "rouge_l_vs_full": "ROUGE-L vs full (0-100)",
+                "bleu_vs_full": "BLEU vs full (0-100)", "ppl_ratio": "perplexity vs full (×)",
+                "agreement": "same token at the same place (%)", "repetition": "repeated 3-grams (%)",
+                "avg_layers": "layers per token", "decode_speedup": "measured decode speedup (×)",
+                "prompts": "prompts"},
+    "bench": {"method": "method", "on_page": "on this page", "weights": "weights", "speedup": "target speedup (×)",
+              "batch_size": "batch (rows)", "layers_per_token": "layers per token", "ms_per_token": "ms per token",
+              "tokens_per_s": "tokens per second", "measured_speedup": "decode speedup vs full (×)",
+              "e2e_speedup": "speedup with the prefill (×)", "bound": "speedup by weights read (×)",
+              "first_token_ms": "first token (ms)", "vs_llamacpp": "vs llama.cpp (×)"},
+}
+PEOPLE["e2e-beams4"] = PEOPLE["e2e"]
+METHODS = {"full": "full decoding", "skipdecode": "SkipDecode", "early_exit_peer": "per-token early exit",
+           "llama.cpp": "llama.cpp"}
+BROKEN = 100.0  # a perplexity ratio past this: the text has fallen apart (the untrained model at 5x: word salad)
+NOTES = {
+    "general": ("**Perplexity vs full**: how much less likely the full model finds an answer than its own (the "
+                "median over prompts); 1 is as likely, past 100 the text has fallen apart (the base model, never "
+                "trained to skip, at 5×)."),
+    "bench": ("**What this page runs first**: one request is a batch of one, SkipDecode beside full decoding, on "
+              "the CPU default (4-bit weights); requests arriving together share a batch (16 rows here). "
+              "Per-token early exit and llama.cpp on the same file are measured for comparison, not run by the page."),
+}
+
+
+def _weights(label) -> str:
+    text = str(label)
+    if text.startswith("int4"):
+        return "4-bit (the CPU default)"
+    if text.startswith("GGUF"):
+        return "4-bit, the same file"
+    return f"{text} (not the page's default)" if text and text != "nan" else ""
+
+
+def _on_page(row) -> str:
+    """Whether (and how) the page runs a benchmark row: a comparison at batch 1 on the default weights first."""
+    weights = row.get("weights")
+    if row.get("method") not in ("full", "skipdecode") or (weights is not None and not str(weights).startswith("int4")):
+        return "no: measured for comparison"
+    return "yes: one request" if row.get("batch_size") == 1 else "yes: requests sharing a batch"
+
+
+def for_people(name: str, frame: pd.DataFrame | None) -> pd.DataFrame:
+    """A results table as the Results tab shows it: what the page runs first, each kept column under its
+    human name, numbers rounded; ratios past BROKEN written as broken text, not as a bare figure."""
+    if frame is None:
+        return pd.DataFrame()
+    frame = frame.copy()
+    if name == "bench":
+        frame["on_page"] = [_on_page(row) for row in frame.to_dict("records")]
+        frame = frame.sort_values("on_page", key=lambda s: s.map({"yes: one request": 0}).fillna(
+            s.str.startswith("yes").map({True: 1, False: 2})), kind="stable")
+        frame["method"] = frame["method"].map(lambda m: METHODS.get(m, m))
+        if "weights" in frame.columns:
+            frame["weights"] = frame["weights"].map(_weights)
+    if "served" in frame.columns:
+        base = plots.no_adapter(frame)
+        frame["served"] = ["no: an experiment" if not served else "yes: the base model" if plain else
+                           "yes: \"auto\" runs it" for served, plain in zip(frame["served"], base)]
+    if "ppl_ratio" in frame.columns:
+        frame["ppl_ratio"] = frame["ppl_ratio"].map(
+            lambda v: f"{v:,.0f}: text fallen apart" if v > BROKEN else f"{v:.2f}")
+    columns = [c for c in PEOPLE[name] if c in frame.columns]
+    shown = frame[columns].rename(columns=PEOPLE[name]).reset_index(drop=True).round(2)
+    return shown.astype(object).where(shown.notna(), "")  # not measured: blank, not "NaN"

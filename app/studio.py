@@ -526,13 +526,15 @@ class Studio:
 
     def lenses(self, comparison: Comparison) -> dict[str, list[lens.Lens]]:
         """The logit lens at every position of the SkipDecode answer: under the layers SkipDecode ran (its
-        model, its trace) and at full depth on the same prefix (the full run's model). Kept on the
+        model, its trace; for verified decoding, the layers its draft ran) and at full depth on the same prefix (the full run's model). Kept on the
         comparison: the layer view, its step-through and an export read it."""
         if comparison.lenses is None:
             skip = comparison.skip
             if not (comparison.done and skip.token_ids):
                 raise ValueError("run a comparison first")
-            steps = [step.layers for step in skip.trace.steps]
+            # verified decoding: the layers its draft ran at each position (its trace's steps are the verifier's)
+            steps = ([comparison.schedule.layers(s) for s in range(len(skip.token_ids))] if comparison.verified
+                     else [step.layers for step in skip.trace.steps])
             with self.batcher.exclusive():
                 comparison.lenses = {
                     "skipdecode": lens.lens(self.engine(comparison.model).decoder, skip.prompt_ids, skip.token_ids,

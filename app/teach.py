@@ -35,6 +35,7 @@ const place = (token, y) => {
   const tip = token.querySelector(':scope > .sd-tip'); if (!tip) return;
   const rects = [...token.getClientRects()], line = rects.find((r) => y >= r.top && y <= r.bottom) || rects[0];
   if (!line) return;
+  tip.style.visibility = line.bottom < 0 || line.top > window.innerHeight ? 'hidden' : 'visible';
   const width = tip.offsetWidth, height = tip.offsetHeight, gap = 6;
   let top = line.top - height - gap; if (top < gap) top = line.bottom + gap;
   tip.style.left = Math.max(gap, Math.min(line.left, window.innerWidth - width - gap)) + 'px';
@@ -43,8 +44,10 @@ const place = (token, y) => {
 element.addEventListener('mouseover', (event) => { const token = event.target.closest('[data-pos]'); if (token) place(token, event.clientY); });
 element.addEventListener('focusin', (event) => { const token = event.target.closest('[data-pos]');
   if (token) requestAnimationFrame(() => place(token, -1)); });
+window.addEventListener('scroll', () => { const focused = element.querySelector('[data-pos]:focus');
+  if (focused) place(focused, -1); }, {passive: true});
 new MutationObserver(() => { const picked = element.querySelector('.sd-picked');
-  if (element.dataset.refocus && picked) { delete element.dataset.refocus; picked.focus(); }
+  if (element.dataset.refocus && picked) { delete element.dataset.refocus; picked.focus({preventScroll: true}); }
   const focused = element.querySelector('[data-pos]:focus'); if (focused) requestAnimationFrame(() => place(focused, -1)); })
   .observe(element, {childList: true, subtree: true});
 """
@@ -59,6 +62,21 @@ document.addEventListener('keydown', (event) => {
   const next = ['ArrowRight', 'PageDown', ' '].includes(event.key), back = ['ArrowLeft', 'PageUp'].includes(event.key);
   if (next || back) { event.preventDefault(); top(); trigger('click', {step: next ? 1 : -1}); }
 });
+"""
+
+# The layer view: what a pick or a step draws comes into view. A pick brings the whole view (its sticky step
+# buttons above the two tables) into the window; a step brings the row it reveals, if it is not there already.
+LENS_JS = """
+new MutationObserver(() => {
+  if (!element.querySelector('table')) return;
+  requestAnimationFrame(() => {
+    const now = element.querySelector('tr.sd-now');
+    if (now) { now.scrollIntoView({block: 'nearest'}); return; }
+    const view = document.querySelector('#sd-teach'), box = view.getBoundingClientRect();
+    const bottom = element.getBoundingClientRect().bottom;
+    if (box.top < 0 || bottom > window.innerHeight) view.scrollIntoView({block: 'start'});
+  });
+}).observe(element, {childList: true, subtree: true});
 """
 
 SLIDE_HEIGHT = 460  # a slide's chart: below its title and the slide buttons it fits 1280x720 and 1440x900
@@ -81,7 +99,9 @@ CSS = """
 .sd-lens table { width: 100%; border-collapse: collapse; font-size: .85rem; }
 .sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem;
   border-bottom: 1px solid #e2e8f0; }
-.sd-lens td { padding: 0 .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; line-height: 1.25; }
+.sd-lens td { padding: 0 .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; line-height: 1.2;
+  font-size: .8rem; }
+.sd-lens tr { scroll-margin-top: 5.5rem; scroll-margin-bottom: 1rem; }
 .sd-lens tr.sd-skipped td { color: #cbd5e1; }
 .sd-lens tr.sd-hidden { visibility: hidden; }
 .sd-lens tr.sd-hidden td { border-color: transparent !important; }
@@ -94,6 +114,7 @@ CSS = """
 .sd-present { font-size: 1.6rem; line-height: 1.6; }
 #sd-present-tab { min-height: 100vh; }
 .sd-present h2 { font-size: 2.1rem; margin: .2rem 0 .6rem 0; }
+.sd-present .sd-big { font-size: 4rem; font-weight: 700; color: #059669; line-height: 1.1; }
 .sd-present .sd-slide-grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1.2rem; }
 .sd-present .sd-output { font-size: 1.5rem; max-height: none; line-height: 1.7; }
 .sd-present .sd-slide-note { font-size: 1.05rem; color: #475569; }
@@ -150,6 +171,8 @@ def marked_html(record: dict, picked: int | None = None) -> str:
 def summary_markdown(record: dict, clickable: bool = True) -> str:
     """How much of the SkipDecode answer full depth would have chosen, and where they first part (and, where
     the tokens are `clickable`, how to see one layer by layer)."""
+    if record.get("verified"):
+        return verified_summary(record, clickable)
     found = record["divergence"]
     n = len(found["tokens"])
     if not n:
@@ -165,6 +188,20 @@ def summary_markdown(record: dict, clickable: bool = True) -> str:
             "where full depth would choose otherwise (hover for its choice"
             + ("; click any token, or Tab to the answer and press Enter, to see it layer by layer)." if clickable
                else ")."))
+
+
+def verified_summary(record: dict, clickable: bool = True) -> str:
+    """What verified decoding's marks say: drafts kept, rounds, and where to look layer by layer."""
+    v = record["verification"]
+    marks = v["marks"]
+    replaced = [i for i, mark in enumerate(marks) if mark == "replaced"]
+    head = (f"**The full model kept {v['accepted']} of SkipDecode's {v['drafted']} drafts in {v['verify_passes']} "
+            f"verify passes.**" if v["drafted"] else "**Nothing was drafted.**")
+    where = (f" It first rejected one at token {replaced[0]}, and put its own token there (red)." if replaced else
+             " It rejected none: after each pass it added one token of its own (grey).")
+    pick = (" Click a token (or Tab to the answer and press Enter) to see, layer by layer, what the draft saw there "
+            "beside the full model." if clickable else "")
+    return head + where + pick
 
 
 def divergence_figure(record: dict) -> go.Figure:
@@ -264,7 +301,8 @@ def lens_html(record: dict, position: int, shown_layers: int | None = None) -> s
         head = (f'<div class="sd-part-summary">Token {position} ({word(record, entry["token"])}), chosen from {fed}: '
                 f"{verdict}. Bold: the token each side finally chose.</div>")
         finals = (entry["token"], entry["full_token"])
-    return head + ('<div class="sd-lens">' + _lens_table(record, skip, "SkipDecode (its run layers)", shown_layers,
+    title = "The draft (its layers)" if record.get("verified") else "SkipDecode (its run layers)"
+    return head + ('<div class="sd-lens">' + _lens_table(record, skip, title, shown_layers,
                                                          finals[0])
                    + _lens_table(record, full, "Full depth, same prefix", shown_layers, finals[1]) + "</div>")
 
@@ -279,7 +317,8 @@ def lens_figure(record: dict, position: int, shown_layers: int | None = None) ->
     for name, color, token in (("skipdecode", plots.SKIP, entry["token"]), ("full", plots.FULL, entry["full_token"])):
         view = record["lens"][name][position]
         after = dict(zip(view["layers"], view["final"]))
-        label = "SkipDecode, its run layers" if name == "skipdecode" else "full depth, same prefix"
+        label = ("full depth, same prefix" if name == "full" else
+                 "the draft, its layers" if record.get("verified") else "SkipDecode, its run layers")
         fig.add_scatter(x=list(range(L)), y=[after.get(layer) if layer < top else None for layer in range(L)],
                         mode="lines+markers", line=dict(color=color), connectgaps=False,
                         name=label if stepping(record, shown_layers) else f"{label}: {word(record, token)}",
@@ -291,34 +330,59 @@ def lens_figure(record: dict, position: int, shown_layers: int | None = None) ->
 
 
 def default_position(record: dict) -> int:
-    """Where to look first: the first position where they part, else the first token."""
+    """Where to look first: the first position where they part (for verified decoding, the first draft the full
+    model rejected), else the first token."""
+    if record.get("verified"):
+        return next((i for i, mark in enumerate(record["verification"]["marks"]) if mark == "replaced"), 0)
     first = record["divergence"]["first"]
     return first if first is not None else 0
 
 
 # ---- 4. presentation ----------------------------------------------------------------------------
 SLIDES = ("answers", "marks", "layer map", "budget", "latency", "divergence", "lens")
+# A verified comparison: its answer is full depth's own, so the slides show the drafts and their checks instead.
+VERIFIED_SLIDES = ("answers", "acceptance", "layer map", "budget", "latency", "lens")
+FIGURE_SLIDES = ("layer map", "budget", "latency", "divergence", "lens")
 
 
-def slide_html(record: dict | None, index: int) -> str:
-    """Large type: the title of slide `index` and, for the first two, the two answers."""
+def slides(record: dict | None) -> tuple[str, ...]:
+    return VERIFIED_SLIDES if record and record.get("verified") else SLIDES
+
+
+def slide_html(record: dict | None, index: int, why: str = "") -> str:
+    """Large type: the title of slide `index` and, for the first two, the two answers (`why`: for a verified
+    comparison's acceptance slide, the line saying why it was faster, slower or too close to call)."""
     if record is None:
         return '<div class="sd-present"><h2>Run or replay a comparison first.</h2></div>'
-    name, L = SLIDES[index % len(SLIDES)], record["num_layers"]
-    title = {"answers": "SkipDecode beside full decoding", "marks": "Where full depth would choose otherwise",
-             "layer map": "Which layers ran at each position", "budget": "The budget of each position",
-             "latency": "Time per token", "divergence": "Same prefix, full depth: agree or not?",
+    names = slides(record)
+    name, L, verified_run = names[index % len(names)], record["num_layers"], bool(record.get("verified"))
+    title = {"answers": "Verified decoding beside full decoding" if verified_run else "SkipDecode beside full decoding",
+             "marks": "Where full depth would choose otherwise",
+             "acceptance": "The drafts the full model kept",
+             "layer map": "Rounds: the drafts' layers, then one verify pass" if verified_run else
+                          "Which layers ran at each position",
+             "budget": "Layers per token: drafts and checks" if verified_run else "The budget of each position",
+             "latency": "Time to each token", "divergence": "Same prefix, full depth: agree or not?",
              "lens": f"Token {default_position(record)}, layer by layer"}[name]
     body = ""
     if name == "answers":
-        sides = [(f"SkipDecode ({record['model']})", _plain(record["skipdecode"], L)),
+        first = verified.record_html(record) if verified_run else _plain(record["skipdecode"], L)
+        sides = [(f"{'Verified' if verified_run else 'SkipDecode'} ({record['model']})", first),
                  (f"Full decoding ({record['full_model']})", _plain(record["full"], L))]
         body = "".join(f"<div><b>{html.escape(t)}</b>{o}</div>" for t, o in sides)
-        body = f'<div class="sd-slide-grid">{body}</div>'
+        body = f'<div class="sd-slide-grid">{body}</div>' + (verified.legend_html() if verified_run else "")
     elif name == "marks":
         body = marked_html(record) + f'<div class="sd-slide-note">{summary_text(record)}</div>'
-    return (f'<div class="sd-present"><h2>{title}</h2>{body}<div class="sd-slide-note">slide {index % len(SLIDES) + 1} '
-            f"of {len(SLIDES)}: → or space for the next, ← for the last</div></div>")
+    elif name == "acceptance":
+        v = record["verification"]
+        rate = f"{v['accepted'] / v['drafted']:.0%}" if v["drafted"] else "–"
+        per_pass = len(v["marks"]) / v["verify_passes"] if v["verify_passes"] else 0.0
+        body = (f'<div class="sd-big">{rate}</div><div>of the drafts kept: {v["accepted"]} of {v["drafted"]}, in '
+                f'{v["verify_passes"]} verify passes ({per_pass:.1f} tokens a pass)</div>'
+                + verified.record_html(record) + f'<div class="sd-slide-note">{html.escape(why)}</div>')
+    n = len(names)
+    return (f'<div class="sd-present"><h2>{title}</h2>{body}<div class="sd-slide-note">slide {index % n + 1} '
+            f"of {n}: → or space for the next, ← for the last</div></div>")
 
 
 def summary_text(record: dict) -> str:

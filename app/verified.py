@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import html
 
-from skipdecode.verify import ACCEPTED, REPLACED, why
+from skipdecode.verify import ACCEPTED, REPLACED
+
+from . import timing, views
 
 FASTER = "SkipDecode — faster, output may change"
 VERIFIED = "SkipDecode, verified — the full model's output, faster only where drafts agree"
@@ -57,37 +59,61 @@ def record_html(record: dict, picked: int | None = None) -> str:
     return tokens_html(record["skipdecode"]["pieces"], record["verification"]["marks"], picked=picked)
 
 
+def summary_html(comparison) -> str:
+    """The speed (app/timing.py: the figures the headline and the latency chart give), the acceptance rate,
+    the rounds, and one line saying why it is faster, slower or too close to call."""
+    v = comparison.skip.verification if comparison and comparison.skip else None
+    if not v:
+        return '<div class="sd-cards"><div class="sd-card">verified decoding: waiting for the first pass</div></div>'
+    t = timing.of(comparison)
+    tokens = len(v["marks"])
+    rate = "–" if not v["drafted"] else f"{v['accepted'] / v['drafted']:.0%}"
+    per_pass = f"{tokens / v['verify_passes']:.1f} tokens a pass" if v["verify_passes"] else ""
+    cards = [views.whole_answer_card(t, "verified"),
+             views.decode_card(t, "full decoding's ms / verified ms per decoded token"),
+             views.card("acceptance rate", rate, f"{v['accepted']} of {v['drafted']} drafts kept"),
+             views.card("verify passes", str(v["verify_passes"]),
+                         f"up to {v['draft_tokens']} drafts each; {per_pass}")]
+    return (f'<div class="sd-cards sd-verified-cards">{"".join(cards)}</div>'
+            f'<p class="sd-verified-why">{html.escape(explain(v, t))}</p>')
+
+
+def explain(v: dict, t) -> str:
+    """What a round cost and yielded, and why that makes verified decoding faster, slower or too close to
+    call (`t`: app/timing.py's Timing, whose verdict the headline gives)."""
+    tokens, passes = len(v["marks"]), v["verify_passes"]
+    if not passes or not tokens:
+        return "Nothing was drafted: the answer is the full model's own first token."
+    rate = v["accepted"] / v["drafted"] if v["drafted"] else 0.0
+    line = (f"{v['accepted']} of {v['drafted']} drafts accepted ({rate:.0%}); a draft cost "
+            f"{v['draft_ms'] / max(v['drafted'], 1):.1f} ms and a verify pass {v['verify_ms'] / passes:.1f} ms, so "
+            f"each pass yielded {tokens / passes:.2f} tokens")
+    if t is None or t.end_to_end is None:
+        return line + "."
+    if t.tokens > 1:
+        decoded = t.tokens - 1
+        line += (f", {(t.skip_ms - t.skip_prefill_ms) / decoded:.1f} ms a decoded token against full decoding's "
+                 f"{(t.full_ms - t.full_prefill_ms) / decoded:.1f} ms")
+    faster_decoding = t.decode is not None and (t.decode_low or t.decode) > 1.0
+    reason = {
+        timing.FASTER: "faster: the drafts agreed often enough to pay for their verify passes",
+        timing.SLOWER: (f"slower to the whole answer although faster per decoded token: its prefill took "
+                        f"{t.skip_prefill_ms:.0f} ms against full decoding's {t.full_prefill_ms:.0f} ms"
+                        if faster_decoding else
+                        "slower: too many drafts were rejected, and their cost and the verify passes outweigh "
+                        "the tokens kept"),
+        timing.CLOSE: (f"too close to call to the whole answer, though faster per decoded token ({t.decode:.2f}×): its "
+                       f"prefill took {t.skip_prefill_ms:.0f} ms against full decoding's {t.full_prefill_ms:.0f} ms"
+                       if faster_decoding else
+                       "too close to call on this run: the spread of its interleaved turns holds both faster and "
+                       "slower"),
+        timing.SHORT: "too short a run to tell faster from slower",
+    }[t.verdict]
+    return f"{line}: {reason}."
+
+
 def legend_html() -> str:
     return ('<div class="sd-legend">' + "".join(
         f'<span class="sd-token sd-{mark}">{html.escape(text)}</span> '
         for mark, text in ((ACCEPTED, "draft accepted"), (REPLACED, "replaced by the full model"),
                            ("verifier", "the full model's own next token"))) + "</div>")
-
-
-def summary_html(comparison) -> str:
-    """Acceptance rate, drafts, verify passes, the measured speedup, and why it is faster or slower."""
-    v = comparison.skip.verification if comparison and comparison.skip else None
-    if not v:
-        return '<div class="sd-cards"><div class="sd-card">verified decoding: waiting for the first pass</div></div>'
-    from skipdecode.verify import Verification
-
-    stats = Verification(v["draft_tokens"], v["draft_model"], v["verifier_model"], v["drafted"], v["accepted"],
-                         v["verify_passes"], v["draft_ms"], v["verify_ms"], list(v["marks"]))
-    full = comparison.full.trace if comparison.full else None
-    full_ms = full.decode_ms / len(full.steps) if full and full.steps else None
-    measured = comparison.speedups()["measured"]
-    rate = "–" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.0%}"
-    skip_ids, full_ids = comparison.skip.token_ids, comparison.full.token_ids if comparison.full else []
-    same = ("by distribution" if comparison.decoding != "greedy" else
-            "yes" if skip_ids == full_ids[:len(skip_ids)] else "no")
-    cards = [("measured speedup", "–" if measured is None else f"{measured:.2f}×",
-              "full ms / verified ms per token, interleaved"),
-             ("acceptance rate", rate, f"{stats.accepted} of {stats.drafted} drafts kept"),
-             ("verify passes", str(stats.passes), f"up to {stats.draft_tokens} drafts each"),
-             ("same as full decoding", same, "token for token (greedy)" if comparison.decoding == "greedy" else
-              "sampling: same distribution, other draws")]
-    body = "".join(f'<div class="sd-card"><div class="sd-card-label">{html.escape(label)}</div>'
-                   f'<div class="sd-card-value">{html.escape(value)}</div>'
-                   f'<div class="sd-card-note">{html.escape(note)}</div></div>' for label, value, note in cards)
-    return (f'<div class="sd-cards sd-verified-cards">{body}</div>'
-            f'<p class="sd-verified-why">{html.escape(why(stats, full_ms))}</p>' + legend_html())

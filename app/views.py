@@ -13,7 +13,7 @@ import pandas as pd
 from skipdecode.evaluation.quality import common_prefix
 from skipdecode.schedule import Schedule
 
-from . import plots
+from . import plots, rounds, timing
 from .studio import TIMING_NOTE, BatchRun, Comparison
 
 EMPTY_OUTPUT = '<div class="sd-output sd-empty">The output appears here, token by token.</div>'
@@ -100,6 +100,17 @@ def tokens_html(pieces: list[str], layers: list[int], num_layers: int, streaming
     return f'<div class="sd-output">{"".join(spans)}{cursor}</div>'
 
 
+def skip_title_html(comparison: Comparison) -> str:
+    """The SkipDecode side's title: what it does, in the family the run chose."""
+    if comparison.verified:
+        text = "Verified: SkipDecode drafts, the full model checks every token"
+    else:
+        average = comparison.schedule.average_budget(max(comparison.max_new_tokens - 1, 1))
+        text = f"SkipDecode: about {average:.0f} of {comparison.num_layers} layers for each token"
+    return (f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.SKIP}"></span>'
+            f"{html.escape(text)}</div>")
+
+
 def legend_html(num_layers: int) -> str:
     stops = ", ".join(_shade(n, num_layers) for n in (1, num_layers // 2, num_layers))
     return ('<div class="sd-legend"><span>token shading: layers run to choose it</span>'
@@ -107,7 +118,7 @@ def legend_html(num_layers: int) -> str:
             f'{stops})"></span><span class="sd-scale-label">{num_layers}</span></div>')
 
 
-def _card(label: str, value: str, note: str = "", accent: str = "") -> str:
+def card(label: str, value: str, note: str = "", accent: str = "") -> str:
     return (f'<div class="sd-card {accent}"><div class="sd-card-label">{html.escape(label)}</div>'
             f'<div class="sd-card-value">{value}</div><div class="sd-card-note">{html.escape(note)}</div></div>')
 
@@ -117,28 +128,74 @@ def _x(value) -> str:
 
 
 def metrics_html(comparison: Comparison | None) -> str:
-    """Speed at a glance: measured decode speedup against the theoretical ones, and per-token latency."""
+    """Speed in four cards: the time to the whole answer and per decoded token (app/timing.py: the figures
+    the headline and the latency chart give), the layers run, and the times themselves."""
     if comparison is None or comparison.skip is None:
-        return '<div class="sd-cards">' + "".join(
-            _card(label, "–", note) for label, note in
-            (("measured speedup", "full ms / SkipDecode ms per token"),
-             ("theoretical", "by layer count / by weights read (LM head included)"),
-             ("layers per token", "SkipDecode average"), ("ms per token", "SkipDecode vs full"))) + "</div>"
-    speed = comparison.speedups()
-    skip, full = comparison.skip.trace, comparison.full.trace if comparison.full else None
-    per_token = lambda t: t.decode_ms / len(t.steps) if t and t.steps else None  # noqa: E731
-    skip_ms, full_ms = per_token(skip), per_token(full)
-    latency = (f"{skip_ms:.1f} <small>vs</small> {full_ms:.1f}" if skip_ms and full_ms else
-               f"{skip_ms:.1f}" if skip_ms else "–")
-    cards = [
-        _card("measured speedup", _x(speed["measured"]), "full ms / SkipDecode ms per token", "sd-accent"),
-        _card("theoretical", f"{_x(speed['layers'])} <small>/ {_x(speed['weights'])}</small>",
-              "by layer count / by weights read (LM head included)"),
-        _card("layers per token", f"{skip.average_layers:.1f} <small>of {comparison.num_layers}</small>"
-              if skip.steps else "–", "SkipDecode average"),
-        _card("ms per token", latency, "SkipDecode vs full decoding"),
-    ]
+        return ""
+    speed, t = comparison.speedups(), timing.of(comparison)
+    skip = comparison.skip.trace
+    cards = [whole_answer_card(t, "SkipDecode"), decode_card(t, f"theoretical: {_x(speed['layers'])} by layers, "
+                                                               f"{_x(speed['weights'])} by weights read"),
+             card("layers per token", f"{skip.average_layers:.1f} <small>of {comparison.num_layers}</small>"
+                   if skip.steps else "–", "SkipDecode's average"),
+             times_card(t, "SkipDecode")]
     return '<div class="sd-cards">' + "".join(cards) + "</div>"
+
+
+def whole_answer_card(t: timing.Timing | None, name: str) -> str:
+    if t is None or t.end_to_end is None:
+        return card("to the whole answer", "–", "")
+    return card("to the whole answer", _x(t.end_to_end), f"full ms / {name} ms, prefill included; {t.spread()}",
+                 "sd-accent")
+
+
+def decode_card(t: timing.Timing | None, note: str) -> str:
+    value = "–" if t is None or t.decode is None else _x(t.decode)
+    spread = f"{t.decode_low:.2f}–{t.decode_high:.2f}× over the turns; " if t and t.decode_low else ""
+    return card("per decoded token", value, spread + note)
+
+
+def times_card(t: timing.Timing | None, name: str) -> str:
+    if t is None or not t.tokens:
+        return card("time", "–", "")
+    return card("time", f"{t.skip_ms / 1000:.2f} <small>vs</small> {t.full_ms / 1000:.2f} s",
+                 f"{name} vs full decoding to token {t.tokens - 1}; prefill {t.skip_prefill_ms:.0f} vs "
+                 f"{t.full_prefill_ms:.0f} ms")
+
+
+def same_answer(comparison: Comparison) -> str:
+    """Whether the two answers are the same, in a few words."""
+    skip, full = comparison.skip.token_ids, comparison.full.token_ids if comparison.full else []
+    if comparison.decoding.startswith("sampling"):
+        return "Sampled: each side drew its own tokens, so the answers may differ by chance alone."
+    if skip == full:
+        return "The same answer as full decoding, token for token."
+    n = common_prefix(skip, full)
+    if n == min(len(skip), len(full)):
+        return f"One answer stops sooner; their first {n} tokens are the same."
+    return (f"The answers part at token {n}: the first {n} tokens are the same." if n else
+            "The answers differ from the first token.")
+
+
+def headline_html(comparison: Comparison | None, running: bool) -> str:
+    """The result at a glance, above the answers: how much faster (app/timing.py's verdict) and whether the
+    answers are the same; while running, how far each side has got."""
+    if comparison is None or comparison.skip is None:
+        return '<div class="sd-headline"><div class="sd-verdict">Running…</div></div>'
+    name = "Verified" if comparison.verified else "SkipDecode"
+    if running:
+        counts = [f"{name}: {len(comparison.skip.token_ids)} tokens"]
+        if comparison.full:
+            counts.append(f"full decoding: {len(comparison.full.token_ids)}")
+        return f'<div class="sd-headline"><div class="sd-verdict">Running… {", ".join(counts)}</div></div>'
+    t = timing.of(comparison)
+    verdict = t.words(name) if t else "not timed"
+    kind = t.verdict if t else "short"
+    detail = (f"Per decoded token {_x(t.decode)}, prefill {t.skip_prefill_ms:.0f} ms vs {t.full_prefill_ms:.0f} ms; "
+              f"spread: {t.spread()}." if t and t.decode else "")
+    return (f'<div class="sd-headline sd-{kind}"><div class="sd-verdict">{html.escape(verdict[0].upper() + verdict[1:])}'
+            f'</div><div class="sd-same">{html.escape(same_answer(comparison))}</div>'
+            f'<div class="sd-detail">{html.escape(detail)}</div></div>')
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -206,20 +263,29 @@ def _rows(n: int) -> str:
 
 
 def compare_figures(comparison: Comparison):
-    """(budget, layer map, latency) figures of a comparison so far."""
+    """(budget, layer map, latency) figures of a finished comparison: for verified decoding, its rounds
+    (app/rounds.py) in the first two."""
     if comparison.skip is None or not comparison.skip.trace.steps:
-        waiting = plots.empty_figure("Waiting for the first positions…")
+        waiting = plots.empty_figure("Nothing was decoded after the first token")
         return waiting, waiting, waiting
-    skip = comparison.skip.trace.to_frame()
-    positions = max(comparison.max_new_tokens - 1, len(skip), 1)  # the last token is never fed back
-    budget = plots.budget_figure(skip, scheduled_frame(comparison.schedule, positions), comparison.num_layers)
-    layer_map = plots.layer_map_figure(skip, comparison.num_layers, comparison.skip.trace.prompt_tokens,
-                                       comparison.schedule.warmup if comparison.schedule.mode == "skip" else 0)
+    L, sched = comparison.num_layers, comparison.schedule
+    positions = max(comparison.max_new_tokens - 1, len(comparison.skip.trace.steps), 1)  # the last is never fed
+    warmup = sched.warmup if sched.mode == "skip" else 0
+    if comparison.verified:
+        drafts, passes = rounds.frames(comparison)
+        budget = plots.rounds_budget_figure(drafts, passes, scheduled_frame(sched, positions), L)
+        layer_map = plots.rounds_map_figure(drafts, passes, L, warmup)
+    else:
+        skip = comparison.skip.trace.to_frame()
+        budget = plots.budget_figure(skip, scheduled_frame(sched, positions), L)
+        layer_map = plots.layer_map_figure(skip, L, comparison.skip.trace.prompt_tokens, warmup)
     if comparison.full is None or not comparison.full.trace.steps:
-        return budget, layer_map, plots.empty_figure("Waiting for full decoding…")
-    speed = comparison.speedups()
-    return budget, layer_map, plots.latency_figure(skip, comparison.full.trace.to_frame(), speed["measured"],
-                                                   speed["layers"])
+        return budget, layer_map, plots.empty_figure("Full decoding decoded nothing after the first token")
+    t = timing.of(comparison)
+    name = "verified" if comparison.verified else "SkipDecode"
+    return budget, layer_map, plots.latency_figure(timing.token_frame(comparison.skip.trace),
+                                                   timing.token_frame(comparison.full.trace),
+                                                   t.words(name) if t else None, name)
 
 
 # ---- KV cache -----------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ ALLOW = [
     "skipdecode/*.h",  # their shared header
     "assets/adapters/*",  # the fine-tuned adapters the app serves
     "assets/examples/*",  # the example prompts
+    "assets/lesson/*",  # the comparison docs/teaching.md quotes, which the page replays (app/replay.py)
     "assets/results/e2e.csv",  # the tables the Results tab reads (app/results.py)
     "assets/results/e2e-beams4.csv",
     "assets/results/bench.csv",

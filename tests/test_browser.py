@@ -25,36 +25,42 @@ SERVER = dict(name="app-shipped", env={"SKIPDECODE_ADAPTERS": str(ROOT / "assets
 
 def prestart_servers(fixtures):
     """Called by conftest.py once the tests are collected: the page's server starts loading at once."""
-    if "page" in fixtures:
+    if "page" in fixtures or "browser" in fixtures:
         prestart(**SERVER)
 
 
 @pytest.fixture(scope="module")
-def page():
-    """The page of a server with the adapters folder the app ships: what a visitor sees (and what the
-    screenshots show), the fine-tuned adapters and the Results tab's served set included."""
+def browser():
     if not CHROMIUM.exists():
         pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
     from playwright.sync_api import sync_playwright
 
-    url = app_url(**SERVER)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
-        page.goto(url)
-        page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
-        yield page
+        yield browser
         browser.close()
 
 
-def screenshot(target, name: str) -> None:
-    """`target` (a page: the whole of it; a locator: that element) as SHOTS/name, once plotly is done."""
+@pytest.fixture(scope="module")
+def page(browser):
+    """The page of a server with the adapters folder the app ships: what a visitor sees (and what the
+    screenshots show), the fine-tuned adapters and the Results tab's served set included."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.goto(app_url(**SERVER))
+    page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
+    yield page
+    page.close()
+
+
+def screenshot(target, name: str, full: bool = True) -> None:
+    """`target` (a page: the whole of it; a locator: that element; `full` False: what the window shows) as
+    SHOTS/name, once plotly is done."""
     page = getattr(target, "page", target)
     page.mouse.move(0, 0)  # no hover label, no plotly toolbar
     page.wait_for_timeout(800)  # let plotly finish its transitions
     SHOTS.mkdir(parents=True, exist_ok=True)
-    if target is page:
-        page.screenshot(path=str(SHOTS / name), full_page=True)
+    if target is page or not full:
+        page.screenshot(path=str(SHOTS / name), full_page=full)
     else:
         target.screenshot(path=str(SHOTS / name))
 
@@ -68,49 +74,196 @@ def errors_shown(page) -> list[str]:
         [badges.nth(i).inner_text() for i in range(badges.count()) if badges.nth(i).is_visible()]
 
 
+REPLAY_INPUT = "input[type=file][data-testid$='-upload-button']"  # "Replay a saved comparison…" opens it
+JARGON = ("GGUF", "Q4_1", "Q8_1", "AVX", "VNNI", "eager step", "SKIPDECODE_")
+PLACEHOLDERS = ("appears when you run", "appears here", "Waiting for")
+
+
+def open_settings(page, opened: bool = True) -> None:
+    """Open (or close) "More settings": the model, the length, the decoding and the schedule."""
+    if page.locator("#sd-max-new-tokens").is_visible() != opened:
+        page.locator("#sd-settings").get_by_text("More settings").click()
+        page.locator("#sd-max-new-tokens").wait_for(state="visible" if opened else "hidden", timeout=10_000)
+
+
+def set_number(page, field: str, value) -> None:
+    box = page.locator(f"{field} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def set_tokens(page, tokens: int) -> None:
+    open_settings(page)
+    set_number(page, "#sd-max-new-tokens", tokens)
+    open_settings(page, False)
+
+
+def run_and_wait(page, timeout: int = 300_000) -> None:
+    """Run, and wait for the finished comparison's marks (this run's: the last one's are hidden first)."""
+    page.click("#sd-run")
+    # the last comparison's layer view, cards and charts go while this one runs: nothing stale beside it
+    page.wait_for_selector("#sd-teach", state="hidden", timeout=60_000)
+    page.wait_for_selector("#sd-charts", state="hidden", timeout=60_000)
+    page.wait_for_selector("#sd-teach", state="visible", timeout=timeout)
+
+
+def details(page) -> str:
+    """The run's details (models, batches, schedule, timing), from their accordion, opened if closed."""
+    if not page.locator("#sd-status").is_visible():
+        page.locator("#sd-details").get_by_text("Details of this run").click()
+    page.locator("#sd-status").wait_for(timeout=10_000)
+    return page.locator("#sd-status").inner_text()
+
+
+def in_view(page, selector: str) -> bool:
+    box = page.locator(selector).first.bounding_box()
+    size = page.viewport_size
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= size["height"]
+
+
 def test_a_first_visit_to_every_tab_shows_guidance_not_errors(page):
-    """Before any comparison (this module's first test): each tab opens, and the KV cache button says what
-    to do, in the tab, with no error toast or badge; nothing the visitor did was wrong."""
-    for tab in ("Batch", "KV cache", "Results", "Compare"):
+    """Before any comparison (this module's first test): each tab opens with no error toast or badge; the
+    KV cache tab says what to do, its button disabled until there is a run to show."""
+    for tab in ("Batch", "KV cache", "Results", "Present", "Compare"):
         page.get_by_role("tab", name=tab).click()
         assert errors_shown(page) == [], tab
         if tab == "KV cache":
-            page.click("#sd-kv-run")
-            page.wait_for_selector("#sd-kv-plot .js-plotly-plot", timeout=30_000)
-            assert errors_shown(page) == []
+            assert page.locator("#sd-kv-run").is_disabled()
             assert "Run a comparison on the Compare tab first" in page.locator("#sd-kv-note").inner_text()
-            assert "No comparison yet" in page.locator("#sd-kv-plot").inner_text()
+            assert not page.locator("#sd-kv-plot").is_visible()
+        if tab == "Present":
+            assert page.locator("#sd-next-slide").is_disabled() and page.locator("#sd-previous-slide").is_disabled()
         if tab == "Results":
             page.get_by_role("button", name="Reload results").click()
             assert errors_shown(page) == []
 
 
-def test_run_streams_both_outputs_and_draws_every_plot(page):
-    page.fill("#sd-prompt textarea", PROMPT)
-    tokens = page.locator("#sd-max-new-tokens input[type=number]")
-    tokens.fill("24")
-    tokens.press("Enter")
-    page.click("#sd-run")
-    # Streaming: tokens show while the run is still going (the cursor marks an unfinished output).
-    page.wait_for_selector("#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor",
-                           timeout=120_000)
+def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_answers_on_a_projector(page):
+    """At a projector's 1280x720: one plain sentence, the prompt and Run, no build jargon, nothing empty (at
+    most two screens high, no placeholder, the results not drawn yet), the controls that cannot act yet
+    disabled; Run streams both answers; after it the headline and the first line of both answers are on
+    screen, focus is at the results, and Present is the next Tab stop."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    try:
+        page.wait_for_timeout(1_000)
+        text = page.evaluate("() => document.body.innerText")
+        assert "The same model answers twice" in text
+        assert [word for word in JARGON if word in text] == []
+        assert [words for words in PLACEHOLDERS if words in text] == []
+        assert page.evaluate("() => document.documentElement.scrollHeight") <= 1440
+        assert not page.locator("#sd-results").is_visible() and page.locator(".js-plotly-plot:visible").count() == 0
+        assert in_view(page, "#sd-prompt textarea") and in_view(page, "#sd-run")
+        assert page.locator("#sd-stop").is_disabled()
+        screenshot(page, "first-screen-1280x720.png")
+        page.locator("#sd-how").get_by_text("How this runs").click()  # the machinery, in plain words
+        how = page.locator("#sd-how").inner_text()
+        assert "weights" in how and "timed" in how and [w for w in JARGON if w in how] == []
+        page.locator("#sd-how").get_by_text("How this runs").click()
+        page.fill("#sd-prompt textarea", PROMPT)
+        set_tokens(page, 24)
+        page.click("#sd-run")
+        # Streaming: tokens show while the run is still going (the cursor marks an unfinished output).
+        page.wait_for_selector("#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor",
+                               timeout=120_000)
+        page.wait_for_selector("#sd-teach", state="visible", timeout=300_000)
+        for side in ("#sd-skip-output", "#sd-full-output"):
+            assert page.locator(f"{side} .sd-token").count() > 3
+            assert page.locator(f"{side} .sd-cursor").count() == 0
+        for selector in ("#sd-headline .sd-verdict", "#sd-skip-output .sd-token", "#sd-full-output .sd-token"):
+            assert in_view(page, selector), selector
+        assert re.search(r"(?i)faster|slower|too close to call", page.locator("#sd-headline").inner_text())
+        assert [word for word in JARGON if word in page.evaluate("() => document.body.innerText")] == []
+        assert page.evaluate("() => document.activeElement.id") == "sd-results"
+        page.keyboard.press("Tab")
+        assert page.evaluate("() => document.activeElement.id") == "sd-present"  # one key from the results
+        screenshot(page.locator("body"), "answers-1280x720.png", full=False)
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 900})
+
+
+def test_the_run_draws_every_plot_and_one_verdict(page):
+    """The run above at 1440x900: both answers and the headline on screen, the plots, the headline, the card
+    and the latency chart giving one verdict, the run's details, the quality table."""
     page.wait_for_selector("#sd-quality table", timeout=120_000)
-    for side in ("#sd-skip-output", "#sd-full-output"):
-        assert page.locator(f"{side} .sd-token").count() > 3
-        assert page.locator(f"{side} .sd-cursor").count() == 0
+    for selector in ("#sd-headline .sd-verdict", "#sd-skip-output .sd-token", "#sd-full-output .sd-token"):
+        assert in_view(page, selector), selector  # at 1440x900 too: nothing to scroll
     for plot, words in (("#sd-budget-plot", ["scheduled b(s)", "SkipDecode ran"]),
                         ("#sd-layer-plot", ["warm-up", "skipped", "prompt (prefill)"]),
-                        ("#sd-latency-plot", ["SkipDecode", "full decoding", "ms per token"])):
+                        ("#sd-latency-plot", ["SkipDecode", "full decoding", "ms per decoded token"])):
         page.wait_for_selector(f"{plot} .js-plotly-plot .legend", timeout=30_000)
         text = page.locator(plot).inner_text()
         assert all(w in text for w in words), (plot, text)
-    status = page.locator("#sd-status").inner_text()
+    assert "token shading" in page.locator("#sd-legend").inner_text()
+    agree(page, "SkipDecode")
+    status = details(page)
     assert "batch #" in status and "interleaved" in status and re.search(r"over \d+ positions", status)
     assert "SkipDecode: e2e-all" in status and "full decoding: e2e-1x" in status  # auto: the adapters made for them
     quality = page.locator("#sd-quality").inner_text()
     assert "E2E references" in quality and "perplexity" in quality
     screenshot(page, "compare.png")
     screenshot(page.locator("#sd-layer-plot"), "layer-map.png")
+
+
+def agree(page, name: str) -> None:
+    """The headline, the card and the latency chart's title give one verdict, from the same figures."""
+    headline = page.locator("#sd-headline .sd-verdict").inner_text()
+    title = page.locator("#sd-latency-plot .gtitle").text_content()
+    card = page.locator("#sd-metrics .sd-card").first.inner_text()
+    ratio = re.search(r"(\d+\.\d\d)×", card).group(1)
+    verdict = re.search(r"faster|slower|too close to call", headline.lower()).group(0)
+    assert verdict in title.lower() and (ratio in headline or verdict == "too close to call"), (headline, title, card)
+    assert name in title or verdict == "too close to call"
+
+
+def test_verified_decoding_is_drawn_as_rounds_of_drafts_and_verify_passes(page):
+    """The verified family: the answer's marks and their legend, the draft's layers per token and the verify
+    passes in the layer map and the budget plot, one verdict in the headline, the card and the latency chart,
+    and slides of its own."""
+    page.get_by_role("tab", name="Compare").click()
+    page.fill("#sd-prompt textarea", PROMPT)
+    set_tokens(page, 24)
+    page.get_by_text("SkipDecode, verified").click()
+    try:
+        run_and_wait(page)
+        assert page.locator("#sd-skip-output .sd-verified-output .sd-token").count() >= 20
+        legend = page.locator("#sd-legend").inner_text()
+        assert "draft accepted" in legend and "token shading" not in legend
+        assert "The same answer as full decoding" in page.locator("#sd-headline").inner_text()
+        for plot, words in (("#sd-layer-plot", ["verify pass", "draft: top layers, kept", "skipped by the draft"]),
+                            ("#sd-budget-plot", ["draft kept", "verify pass", "the draft's budget"])):
+            page.wait_for_selector(f"{plot} .js-plotly-plot .legend", timeout=30_000)
+            text = page.locator(plot).inner_text()
+            assert all(w in text for w in words), (plot, text)
+        # the layer map's columns: each draft's layers (10 of 30 at 3x: 2 warm-up, 8 top) with the 20 skipped
+        # ones as gaps; a bar for each verify pass, as many as the card counts
+        columns, bars = page.evaluate("""() => { const data = document.querySelector('#sd-layer-plot .js-plotly-plot')
+            .data; const z = data.find((t) => t.type === 'heatmap').z;
+            const columns = z[0].map((_, c) => z.map((row) => row[c]));
+            return [columns, data.filter((t) => t.legendgroup === 'pass').length]; }""")
+        drafted = [c for c in columns if 2 in c or 3 in c]
+        assert drafted and all(c.count(0) == 20 and c[:2] == [1, 1] for c in drafted)
+        passes = page.locator("#sd-metrics .sd-card").nth(3).locator(".sd-card-value").inner_text()
+        assert bars == int(passes)
+        assert not page.locator("#sd-divergence-plot").is_visible()  # full depth agrees with its own answer
+        agree(page, "verified")
+        assert "acceptance rate" in page.locator("#sd-metrics").inner_text().lower()
+        screenshot(page, "verified.png")
+        screenshot(page.locator("#sd-layer-plot"), "verified-rounds.png")
+        page.click("#sd-present")
+        page.locator("#sd-slide h2").get_by_text("Verified decoding beside full decoding").wait_for(timeout=30_000)
+        assert page.evaluate("() => window.scrollY") == 0
+        titles = []
+        for _ in range(3):
+            page.click("#sd-next-slide")
+            page.wait_for_function("(n) => document.querySelector('#sd-slide .sd-slide-note:last-child')"
+                                   "?.innerText.startsWith('slide ' + n)", arg=len(titles) + 2, timeout=30_000)
+            titles.append(page.locator("#sd-slide h2").inner_text())
+        assert titles == ["The drafts the full model kept", "Rounds: the drafts' layers, then one verify pass",
+                          "Layers per token: drafts and checks"]
+        page.get_by_role("tab", name="Compare").click()
+    finally:
+        page.get_by_role("tab", name="Compare").click()
+        page.get_by_text("SkipDecode — faster").click()
 
 
 SKY = "Explain in one paragraph why the sky is blue."
@@ -128,14 +281,10 @@ def test_a_general_prompt_runs_the_general_adapter_against_the_base_model(page, 
 
     info, _ = pick_adapter(float(speedup), None, SKY)
     page.fill("#sd-prompt textarea", SKY)
-    for field, value in (("#sd-speedup", speedup), ("#sd-max-new-tokens", GENERAL_TOKENS)):
-        box = page.locator(f"{field} input[type=number]")
-        box.fill(str(value))
-        box.press("Enter")
-    page.click("#sd-run")
-    page.wait_for_selector("#sd-quality .sd-empty", timeout=60_000)  # this run's, not the last one's
-    page.wait_for_selector("#sd-quality table", timeout=300_000)
-    status = page.locator("#sd-status").inner_text()
+    set_number(page, "#sd-speedup", speedup)
+    set_tokens(page, GENERAL_TOKENS)
+    run_and_wait(page)
+    status = details(page)
     assert status.startswith("Done."), status
     assert f"SkipDecode: {info.name if info else 'SmolLM2-135M-Instruct'}" in status, status
     assert "full decoding: SmolLM2-135M-Instruct" in status, status
@@ -154,24 +303,30 @@ def test_between_trained_speedups_the_preview_names_the_speedup_auto_runs(page):
     if info is None or 4.0 in info.speedups:
         pytest.skip("needs served E2E adapters none of which is trained for 4x")
     box = page.locator("#sd-speedup input[type=number]")
-    accordion = page.get_by_text("Schedule (advanced)")
-    accordion.click()  # where the preview lives
+    note = page.locator("#sd-speed-note")  # beside the slider: what a visitor must know before running
+    expected = f"runs {info.name} at {run_speedup(info, 4.0):g}×"
     for prompt, named in ((PROMPT, True), (SKY, False), (PROMPT, True)):
         page.fill("#sd-prompt textarea", prompt)
         box.fill("4")
         box.press("Enter")
-        note = page.locator("#sd-schedule-note")
-        note.get_by_text("fewer layers").wait_for(timeout=30_000)
-        expected = f"runs {info.name} at {run_speedup(info, 4.0):g}×"
-        page.wait_for_function("([el, text, named]) => el.innerText.includes(text) === named",
-                               arg=[note.element_handle(), expected, named], timeout=30_000)
+        if named:
+            note.get_by_text(expected).wait_for(timeout=30_000)
+        else:  # a question has no 4x adapter either: the note, if any, is the base model's warning
+            page.wait_for_function("(text) => { const note = document.querySelector('#sd-speed-note'); "
+                                   "return !note.offsetParent || !note.innerText.includes(text); }", arg=expected,
+                                   timeout=30_000)
+    open_settings(page)  # the schedule preview, with its note
+    assert "fewer layers" in page.locator("#sd-schedule-note").inner_text()
+    page.locator("#sd-preview-plot .js-plotly-plot .legend").wait_for(timeout=30_000)
+    open_settings(page, False)
     box.fill("3")
     box.press("Enter")
-    accordion.click()
+    note.wait_for(state="hidden", timeout=30_000)
 
 
 def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.get_by_role("tab", name="KV cache").click()
+    assert page.locator("#sd-kv-run").is_enabled()  # a comparison ran
     page.click("#sd-kv-run")
     page.wait_for_selector("#sd-kv-plot .js-plotly-plot .legend", timeout=120_000)
     text = page.locator("#sd-kv-plot").inner_text()
@@ -215,4 +370,12 @@ def test_results_tab_draws_the_served_frontier(page):
     general = load_table("general").frame
     table = page.locator("#sd-results-general")
     assert table.is_visible() and all(name in table.inner_text() for name in general["adapter"])
+    # for people: columns named with their units, no bare ratio in the thousands, what the page runs first
+    assert "perplexity vs full (×)" in table.inner_text() and "ppl_ratio" not in table.inner_text()
+    assert not re.search(r"\b\d{4,}\.\d", table.inner_text())
+    bench = page.locator("#sd-results-bench")
+    assert "tokens per second" in bench.inner_text() and "measured_speedup" not in bench.inner_text()
+    shown = bench.inner_text()
+    assert shown.index("yes: one request") < shown.index("yes: requests sharing a batch") < \
+        shown.index("no: measured for comparison")
     screenshot(page, "results.png")

@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from app import plots, views
+from types import SimpleNamespace
+
+from app import plots, rounds, timing, views
 from app.results import load_table
 from skipdecode.models import DEFAULT_MODEL
 from skipdecode.schedule import Schedule
@@ -49,17 +51,105 @@ def test_layer_states_mark_prompt_warmup_run_and_skipped():
     assert np.array_equal(np.array(fig.data[0].z), grid)
 
 
-def test_latency_figure_has_both_runs_per_token_and_cumulative():
-    skip, full = hand_trace().to_frame(), hand_trace(Schedule.full(L)).to_frame()
-    fig = plots.latency_figure(skip, full)
+def side(trace: Trace, tokens: int | None = None):
+    """What app/timing.py reads of a run: its tokens and its trace."""
+    return SimpleNamespace(token_ids=list(range(tokens or len(trace.steps) + 1)), trace=trace)
+
+
+def test_latency_figure_counts_both_prefills_alike_and_agrees_with_the_cards():
+    skip, full = hand_trace(), hand_trace(Schedule.full(L))
+    t = timing.timing(side(skip), side(full), timing.turns(side(skip)), timing.turns(side(full)))
+    fig = plots.latency_figure(timing.token_frame(skip), timing.token_frame(full), t.words())
     assert len(fig.data) == 4
     per_token = {t.name: list(t.y) for t in fig.data if t.xaxis == "x"}
-    assert per_token["full decoding"] == [10.0] * 4
+    assert per_token["full decoding"] == [10.0] * 4  # decoded tokens 1-4: the prefill is not a decoded token
     expected = [10 * 4 / 6, 10 * 3 / 6, 10 * 2 / 6, 10 * 2 / 6]
     assert per_token["SkipDecode"] == pytest.approx(expected, abs=1e-3)  # the trace keeps ms to 4 decimals
-    cumulative = [t for t in fig.data if t.xaxis == "x2" and t.name == "full decoding"][0]
-    assert list(cumulative.y) == [15.0, 25.0, 35.0, 45.0]  # the prefill's 5 ms first
-    assert "1.80× faster per token, 2.00× fewer layers" in plots.latency_figure(skip, full, 1.8, 2.0).layout.title.text
+    cumulative = {t.name: list(t.y) for t in fig.data if t.xaxis == "x2"}
+    assert cumulative["full decoding"] == [5.0, 15.0, 25.0, 35.0, 45.0]  # token 0 is the prefill's 5 ms
+    # the headline's ratio is the ratio of the two curves' ends: both count their prefill once
+    assert t.full_ms == cumulative["full decoding"][-1] and t.skip_ms == pytest.approx(cumulative["SkipDecode"][-1])
+    assert t.end_to_end == pytest.approx(45.0 / (5 + sum(expected)), abs=1e-3)
+    assert t.decode == pytest.approx(40.0 / sum(expected), abs=1e-3)
+    assert t.verdict == timing.FASTER and fig.layout.title.text == f"Time: SkipDecode {t.end_to_end:.2f}× faster to " \
+        "the whole answer"
+
+
+def timed(ms: list[float], prefill: float = 50.0) -> Trace:
+    trace = Trace(L, 1, P, SCHEDULE.to_dict(), prefill_ms=prefill)
+    trace.steps += [StepRecord(s, L, tuple(range(L)), (), m, 1) for s, m in enumerate(ms)]
+    return trace
+
+
+def test_a_verdict_inside_the_spread_of_the_turns_says_too_close_to_call():
+    """Interleaved turns whose ratio scatters around 1 give no faster or slower; a clear gap does."""
+    rng = np.random.default_rng(1)
+    full = timed(list(10 + rng.normal(0, 3, 40)))
+    noisy = timed(list(10 + rng.normal(0, 3, 40)))
+    close = timing.timing(side(noisy), side(full), timing.turns(side(noisy)), timing.turns(side(full)))
+    assert close.verdict == timing.CLOSE and close.low < 1 < close.high
+    assert "too close to call" in close.words() and "40 interleaved turns" in close.spread()
+    fast = timed([s.ms / 2 for s in full.steps])
+    clear = timing.timing(side(fast), side(full), timing.turns(side(fast)), timing.turns(side(full)))
+    assert clear.verdict == timing.FASTER and clear.low > 1
+    slow = timing.timing(side(full), side(fast), timing.turns(side(full)), timing.turns(side(fast)))
+    assert slow.verdict == timing.SLOWER and slow.high < 1 and "slower" in slow.words()
+    short = timing.timing(side(timed([5.0, 5.0])), side(timed([10.0, 10.0])), [(5.0, 1)] * 2, [(10.0, 1)] * 2)
+    assert short.verdict == timing.SHORT and short.low is None
+
+
+def test_verified_turns_are_its_rounds_each_beside_a_full_step():
+    """A verified side's turn is a round (drafts and their pass, several tokens): its cost per token is the
+    round's time over the tokens it emitted."""
+    rounds = [{"first": 1, "drafted": 3, "accepted": 3, "emitted": 4, "source": "skipdecode", "draft_ms": 6.0,
+               "verify_ms": 14.0}] * 4
+    full = timed([10.0] * 16)
+    verified = SimpleNamespace(token_ids=list(range(17)), trace=timed([5.0] * 16))
+    t = timing.timing(verified, side(full), timing.turns(verified, {"rounds": rounds}), timing.turns(side(full)))
+    assert timing.turns(verified, {"rounds": rounds}) == [(20.0, 4)] * 4
+    assert t.decode == pytest.approx(2.0) and t.decode_low == pytest.approx(2.0) == t.decode_high
+
+
+VERIFICATION = {  # three rounds of k 3: all kept (and a bonus), one rejected at its second draft, a cut last one
+    "marks": ["verifier", "accepted", "accepted", "accepted", "verifier", "accepted", "replaced", "accepted"],
+    "rounds": [{"first": 1, "drafted": 3, "accepted": 3, "emitted": 4, "source": "skipdecode", "draft_ms": 3.0,
+                "verify_ms": 9.0},
+               {"first": 5, "drafted": 3, "accepted": 1, "emitted": 2, "source": "skipdecode", "draft_ms": 3.0,
+                "verify_ms": 9.0},
+               {"first": 7, "drafted": 1, "accepted": 1, "emitted": 1, "source": "skipdecode", "draft_ms": 1.0,
+                "verify_ms": 9.0}]}
+
+
+def test_verified_rounds_draw_each_drafts_layers_and_each_verify_pass():
+    drafts = rounds.drafts_frame(VERIFICATION, SCHEDULE, 8)
+    assert list(drafts["outcome"]) == ["none", "kept", "kept", "kept", "none", "kept", "rejected", "kept"]
+    assert list(drafts["round"]) == [0, 1, 1, 1, 1, 2, 2, 3]
+    # the draft of token i ran the schedule's layers for step i - 1; tokens of no draft ran none of the draft's
+    assert [tuple(x) for x in drafts["layers"]] == [(), SCHEDULE.layers(0), SCHEDULE.layers(1), SCHEDULE.layers(2),
+                                                    (), SCHEDULE.layers(4), SCHEDULE.layers(5), SCHEDULE.layers(6)]
+    passes = rounds.passes_frame(VERIFICATION, 8)
+    # each pass judged its drafts and chose one more token: drafted + 1 output tokens (cut at the answer's end)
+    assert list(zip(passes["first"], passes["last"])) == [(1, 4), (5, 7), (7, 7)]
+    assert list(passes["lane"]) == [0, 1, 0] and list(passes["ms"]) == [12.0, 12.0, 10.0]
+    grid = plots.draft_states(drafts, L, W)
+    assert list(grid[:, 1]) == [1, 0, 0, 2, 2, 2]  # warm-up layer 0, skipped 1-2 (gaps), top layers kept
+    assert list(grid[:, 6]) == [1, 0, 0, 0, 0, 3]  # a rejected draft's layers (budget 2 from the horizon on)
+    assert (grid[:, 0] == 4).all() and (grid[:, 4] == 4).all()  # the prefill's token, a bonus token: no draft
+    layer_map = plots.rounds_map_figure(drafts, passes, L, W)
+    bars = [t for t in layer_map.data if t.legendgroup == "pass"]
+    assert len(bars) == 3 and list(bars[1].x) == [5 - 0.42, 7 + 0.42]
+    assert "kept 1 of 3 drafts" in bars[1].hovertemplate
+    assert np.array_equal(np.array([t for t in layer_map.data if t.type == "heatmap"][0].z), grid)
+    budget = plots.rounds_budget_figure(drafts, passes, views.scheduled_frame(SCHEDULE, 7), L)
+    by_name = {t.name: t for t in budget.data}
+    assert list(by_name["draft kept"].y) == [4, 3, 2, 2, 2] and list(by_name["draft rejected"].x) == [6]
+    assert list(by_name["the draft's budget b(s)"].x)[0] == 1  # token 1's draft: step 0's budget
+
+
+def test_rounds_of_an_older_file_are_read_back_from_its_marks():
+    older = {"marks": VERIFICATION["marks"]}
+    assert [(r["first"], r["drafted"], r["accepted"], r["emitted"]) for r in rounds.rounds_of(older)] == \
+        [(1, 3, 3, 4), (5, 2, 1, 2), (7, 1, 1, 1)]  # drafts thrown away after a rejection go uncounted
 
 
 def test_skipdecode_cache_has_no_holes_and_per_token_early_exit_has_them():
@@ -199,7 +289,10 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     assert "No `e2e-beams4.csv` yet" in beams_note and "--beams 4" in beams_note and not beams_table.visible
     assert "No `general.csv` yet" in general_note and "--prompts validation" in general_note
     assert not general_table.visible
-    assert "3 rows" in bench_note and bench_table.visible and bench_plot.visible
+    assert "3 rows" in bench_note and bench_table.visible and bench_plot.visible and "What this page runs" in bench_note
+    assert [row[:2] for row in bench_table.value["data"]] == [  # what the page runs first, the others labelled
+        ["full decoding", "yes: one request"], ["SkipDecode", "yes: one request"],
+        ["per-token early exit", "no: measured for comparison"]]
     names = {trace.get("name") for trace in json.loads(bench_plot.value["plot"])["data"]}
     assert {"SkipDecode, batch 1", "early-exit peer, batch 1"} <= names
     # the box that adds the experiments shows only when the table has rows of adapters not served
@@ -212,15 +305,19 @@ def test_results_tab_shows_the_tables_that_exist_and_names_the_missing_ones(tmp_
     (tmp_path / "e2e-beams4.csv").write_text("row,adapter,speedup,bleu,bleu_e2e\nfine-tuned 1x,e2e-1x,1.0,66.0,66.9\n")
     *_, beams_note, beams_table, _, _ = Callbacks(studio=None).results()
     assert "1 rows" in beams_note and beams_table.visible and list(beams_table.value["headers"][:3]) == [
-        "row", "adapter", "speedup"]
+        "run", "adapter", "target speedup (×)"]
     # the general-prompt table as eval wrote it, the columns a reader looks for first
     (tmp_path / "general.csv").write_text(
         "speedup,adapter,rouge_l_vs_full,bleu_vs_full,ppl_ratio,agreement,repetition,avg_layers,decode_speedup\n"
-        "1.0,none,100.0,100.0,1.0,100.0,10.7,30.0,1.0\n2.0,general-2x,29.0,12.4,2.64,7.7,14.5,15.2,1.74\n")
+        "1.0,none,100.0,100.0,1.0,100.0,10.7,30.0,1.0\n2.0,general-2x,29.0,12.4,2.64,7.7,14.5,15.2,1.74\n"
+        "5.0,none,5.2,0.1,11171.725,1.9,2.2,6.3,3.18\n")
     *_, general_note, general_table = Callbacks(studio=None).results()
-    assert "2 rows" in general_note and general_table.visible
-    assert list(general_table.value["headers"][:6]) == ["speedup", "adapter", "rouge_l_vs_full", "ppl_ratio",
-                                                        "repetition", "decode_speedup"]
+    assert "3 rows" in general_note and general_table.visible and "Perplexity vs full" in general_note
+    headers = list(general_table.value["headers"])
+    assert headers[:5] == ["target speedup (×)", "adapter", "ROUGE-L vs full (0-100)", "BLEU vs full (0-100)",
+                           "perplexity vs full (×)"]
+    ratios = [row[4] for row in general_table.value["data"]]
+    assert ratios == ["1.00", "2.64", "11,172: text fallen apart"]  # no bare ratio in the thousands
 
 
 def test_results_tab_box_redraws_the_plot_with_the_adapters_folder_as_the_served_set(tmp_path, monkeypatch):
@@ -276,3 +373,31 @@ def test_the_quality_panel_says_what_it_compares_against():
     assert "SmolLM2-135M-Instruct, all 30 layers" in panel and "55.0" in panel
     assert "Scores against references appear for E2E" in panel
     assert "appear when both runs have finished" in views.quality_html(None)
+
+
+def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect(monkeypatch):
+    """The machinery in words a visitor reads (no build labels); a warning only where the fast kernel was
+    wanted and did not build, or a compile failed."""
+    from app import machinery
+    from skipdecode import q8
+
+    kernel = SimpleNamespace(isa="AVX512-VNNI")  # the int8 kernel serving the 4-bit products
+    decoder = SimpleNamespace(weights=SimpleNamespace(head=SimpleNamespace(screen=kernel)), device=SimpleNamespace(
+        type="cpu"), dtype="torch.float32")
+    engine = SimpleNamespace(decoder=decoder, name="SmolLM2-135M-Instruct", num_layers=30,
+                             step_label="eager step: the compiled step did not pay on the CPU measured "
+                                        "(SKIPDECODE_COMPILE=on compiles it)")
+    words = " ".join(machinery.sentences(engine))
+    assert "4 bits" in words and "8-bit integers" in words and "30 layers" in words
+    assert not [w for w in ("GGUF", "Q4_1", "Q8_1", "AVX", "VNNI", "eager step", "SKIPDECODE_") if w in words]
+    assert machinery.warnings(engine) == [] and machinery.warnings_html(engine) == ""
+    decoder.weights.head.screen = SimpleNamespace()  # PyTorch's 4-bit kernel: why?
+    monkeypatch.setattr(q8, "library", lambda: SimpleNamespace(reason="no C compiler (install gcc or set CC)"))
+    monkeypatch.setattr(q8, "setting", lambda: "auto")
+    assert machinery.warnings(engine) == ["The fast 8-bit kernel is not running (no C compiler (install gcc or set "
+                                          "CC)): PyTorch's 4-bit kernel runs instead, slower."]
+    monkeypatch.setattr(q8, "setting", lambda: "bf16")  # the host chose it: nothing fell back
+    assert machinery.warnings(engine) == []
+    engine.step_label = "eager step: compiling failed: RuntimeError: no"
+    assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs layer by layer in "
+                                          "PyTorch instead."]

@@ -14,7 +14,7 @@ import pytest
 
 from app import record as schema
 from appserver import ARTIFACTS, app_url, prestart
-from test_browser import SERVER
+from test_browser import REPLAY_INPUT, SERVER, details
 from test_record import changed
 from test_teach import comparison, record  # noqa: F401 (fixtures)
 from test_teach_browser import browser, open_page  # noqa: F401 (fixture)
@@ -47,12 +47,14 @@ def replaying(browser):  # noqa: F811
 
 
 def upload(page, path):
-    """Replay `path` through the file box (emptied first: it keeps the last file, and its note goes with it)."""
-    clear = page.locator("#sd-replay-file button[aria-label='Clear']")
-    if clear.count():
-        clear.first.click()
-        page.wait_for_function("() => !document.querySelector('#sd-replay-note').innerText.trim()", timeout=10_000)
-    page.set_input_files("#sd-replay-file input[type=file]", str(path))
+    """Replay `path` through the page's "Replay a saved comparison…" button."""
+    page.set_input_files(REPLAY_INPUT, str(path))
+
+
+def texts(page, selectors) -> dict:
+    """Each element's text, shown or not (None where the page has no such element yet)."""
+    return page.evaluate("(selectors) => Object.fromEntries(selectors.map((s) => "
+                         "[s, document.querySelector(s)?.textContent ?? null]))", list(selectors))
 
 
 def hostile(record, tmp_path):  # noqa: F811
@@ -86,18 +88,18 @@ def test_damaged_and_hostile_files_are_refused_in_one_sentence_and_change_nothin
     page, outside = replaying
     log = ARTIFACTS / f"{SERVER['name']}.log"
     tracebacks = log.read_text().count("Traceback")
-    before = {selector: page.locator(selector).inner_text() for selector in SHOWN if selector != "#sd-replay-note"}
+    before = texts(page, [selector for selector in SHOWN if selector != "#sd-replay-note"])
     for path, says in hostile(record, tmp_path):
         start = time.monotonic()
         upload(page, path)
         note = page.locator("#sd-replay-note .sd-refused")
-        note.filter(has_text=says).wait_for(timeout=10_000)
+        note.filter(has_text=f"{path.name}: ").filter(has_text=says).wait_for(timeout=10_000)
         # upload and answer, the 30 MB file included (refused by its size): 0.2-0.3 s each on a quiet 2-core
         # machine, up to 2.1 s beside two busy processes; the bound is for "at once", not for a parse of 30 MB
         assert time.monotonic() - start < SOON_S, path.name
         text = note.inner_text()
         assert text.count(". ") == 0 and text.endswith("."), text  # one sentence
-        assert {selector: page.locator(selector).inner_text() for selector in before} == before, path.name
+        assert texts(page, before) == before, path.name
         assert page.get_by_text("Error", exact=True).count() == 0, path.name
     assert log.read_text().count("Traceback") == tracebacks
     assert outside == []
@@ -116,7 +118,7 @@ def test_markup_in_every_shown_field_of_a_good_file_is_text(replaying, record, t
     path = tmp_path / "markup.json"
     path.write_text(json.dumps(bad))
     upload(page, path)
-    page.locator("#sd-status").get_by_text("Replayed").wait_for(timeout=10_000)
+    page.locator("#sd-headline .sd-replayed").wait_for(timeout=10_000)
     page.locator("#sd-skip-output .sd-marked").wait_for(timeout=10_000)
     assert page.locator("#sd-replay-note").inner_text() == ""
     assert page.locator("#sd-prompt textarea").input_value() == EVIL  # the replay's prompt, in its box
@@ -129,6 +131,6 @@ def test_markup_in_every_shown_field_of_a_good_file_is_text(replaying, record, t
     assert page.locator("a[href^='javascript']").count() == 0
     assert "<h1 class=" in page.locator("#sd-slide").inner_text()  # shown as text
     page.get_by_role("tab", name="Compare").click()
-    assert "![evil](http://198.51.100.7/m.png)" in page.locator("#sd-status").inner_text()
+    assert "![evil](http://198.51.100.7/m.png)" in details(page)
     assert page.locator("#sd-header").is_visible()
     assert outside == []

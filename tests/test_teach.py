@@ -119,3 +119,36 @@ def test_a_file_that_is_not_an_export_is_refused_with_a_reason(record, tmp_path)
 
 def test_a_schedule_round_trips_through_the_record(record):
     assert Schedule(**record["schedule"]).to_dict() == record["schedule"]
+
+
+def test_the_lessons_figures_are_those_of_its_shipped_replay_file():
+    """docs/teaching.md quotes the comparison the page replays (assets/lesson): the same answers, agreement,
+    first parting, probabilities, layers and verdict, so the lesson and the screen cannot drift apart."""
+    from app import timing, views
+
+    lesson = replay.read(replay.LESSON_FILE)  # through the schema, as the page reads it
+    text = " ".join((replay.ROOT / "docs" / "teaching.md").read_text().split())
+    found, skip = lesson["divergence"], lesson["skipdecode"]
+    n, agree = len(found["tokens"]), sum(t["token"] == t["full_token"] for t in found["tokens"])
+    first = found["tokens"][found["first"]]
+    word = lambda token: lesson["texts"][str(token)].strip()  # noqa: E731
+    assert (f"Here full depth would choose {agree} of SkipDecode's {n} tokens; they part at token {found['first']}, "
+            f"where full depth gives \"{word(first['full_token'])}\" {first['full_prob']:.2f} and SkipDecode's "
+            f"\"{word(first['token'])}\" {first['skip_prob']:.2f}") in text
+    assert f"near tie ({first['full_prob']:.2f} against {first['skip_prob']:.2f})" in text
+    layers = lesson["lens"]["skipdecode"][found["first"]]["layers"]
+    warmup, top = [l for l in layers if l < lesson["schedule"]["warmup"]], [l for l in layers if l >= 2]
+    assert f"SkipDecode runs {len(layers)} of {lesson['num_layers']} layers per token here" in text
+    assert f"the warm-up layers 0-{len(warmup) - 1}, then the top {len(top)}, {top[0]}-{top[-1]}" in text
+    depths = {lesson["lens"][side][found["first"]]["depth"] for side in ("skipdecode", "full")}
+    assert depths == {lesson["num_layers"] - 1} and f"reach it at layer {lesson['num_layers'] - 1}" in text
+    first_layer = [lesson["texts"][str(t)] for t, _ in lesson["lens"]["skipdecode"][found["first"]]["top"][0]]
+    assert "(" + ", ".join(f'"{w}"' for w in first_layer) + " after layer 0)" in text
+    t = timing.of(replay.comparison(lesson))
+    assert f'"{t.words()}"' in text and f"{t.decode:.2f}× per decoded token" in text
+    assert f"({t.low:.2f}–{t.high:.2f}×)" in text
+    assert f"\"The answers part at token {found['first']}\"" in text
+    assert views.same_answer(replay.comparison(lesson)).startswith(f"The answers part at token {found['first']}")
+    assert lesson["settings"]["max_new_tokens"] == 24 and lesson["schedule"]["num_layers"] == 30
+    assert skip["text"].count("children friendly") == 1 and "child friendly" in lesson["full"]["text"]
+    assert '"It is children friendly" against "It is child friendly"' in text

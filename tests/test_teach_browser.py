@@ -11,7 +11,8 @@ import pytest
 
 from app.teach import SLIDES
 from appserver import app_url, prestart
-from test_browser import ARGS, CHROMIUM, PROMPT, SERVER, SHOTS, screenshot
+from test_browser import ARGS, CHROMIUM, PROMPT, REPLAY_INPUT, SERVER, SHOTS, details, run_and_wait, screenshot, \
+    set_tokens
 
 pytestmark = pytest.mark.slow
 TOKENS = 24
@@ -57,16 +58,18 @@ def teach(browser):
     """A page after one E2E comparison at 3x, its marks drawn."""
     page = open_page(browser)
     page.fill("#sd-prompt textarea", PROMPT)
-    tokens = page.locator("#sd-max-new-tokens input[type=number]")
-    tokens.fill(str(TOKENS))
-    tokens.press("Enter")
-    page.click("#sd-run")
-    page.wait_for_selector("#sd-skip-output .sd-marked", timeout=300_000)
+    set_tokens(page, TOKENS)
+    run_and_wait(page)
+    page.wait_for_selector("#sd-skip-output .sd-marked", timeout=60_000)
     yield page
     page.close()
 
 
 def test_marks_show_where_full_depth_would_choose_otherwise_and_hover_names_its_choice(teach):
+    # before a token is picked, the step buttons cannot act: they say so by being disabled, and the view says why
+    assert all(teach.locator(b).is_disabled() for b in ("#sd-previous-layer", "#sd-next-layer", "#sd-play",
+                                                        "#sd-all-layers"))
+    assert "Pick a token first" in teach.locator("#sd-lens").inner_text()
     tokens = teach.locator("#sd-skip-output .sd-marked > .sd-token")
     assert tokens.count() == TOKENS or teach.locator("#sd-skip-output .sd-token").count() > 3
     note = teach.locator("#sd-part-note").inner_text()
@@ -155,10 +158,11 @@ def test_export_then_replay_draws_the_same_page_without_a_model(teach, browser, 
     figures = {selector: teach.locator(selector).inner_text() for selector in PLOTS + ("#sd-part-note",)}
 
     fresh = open_page(browser)  # another visitor, who never ran anything
-    fresh.set_input_files("#sd-replay-file input[type=file]", str(exported))
+    fresh.set_input_files(REPLAY_INPUT, str(exported))
     fresh.wait_for_selector("#sd-skip-output .sd-marked", timeout=60_000)
-    assert fresh.locator("#sd-status").inner_text().startswith("Replayed")
-    assert PROMPT in fresh.locator("#sd-status").inner_text()
+    assert fresh.locator("#sd-headline .sd-replayed").is_visible()
+    status = details(fresh)
+    assert status.startswith("Replayed") and PROMPT in status
     fresh.locator(f"#sd-skip-output .sd-token[data-pos='{position}']").click()
     fresh.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
     for selector in PLOTS:
@@ -248,52 +252,130 @@ def overlap(a: dict, b: dict) -> bool:
                 a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
 
 
-def test_a_keyboard_alone_picks_a_token_and_steps_up_its_layers(teach):
-    teach.focus("#sd-run")
-    assert tab_to(teach, "token", 6) <= 6  # the answer is one Tab stop (Stop and two accordions before it)
-    start = int(focused(teach).split()[1])
-    teach.keyboard.press("ArrowRight" if start < TOKENS - 1 else "ArrowLeft")
-    position = int(focused(teach).split()[1])
-    assert position != start
-    card = teach.locator(f"#sd-skip-output .sd-token[data-pos='{position}'] > .sd-tip")
-    card.wait_for(state="visible", timeout=5_000)
-    teach.keyboard.press("Enter")
-    teach.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
-    teach.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {position} ").wait_for(timeout=30_000)
-    assert focused(teach) == f"token {position}"  # the redrawn answer keeps the focus on the pick
-    box = card.bounding_box()  # the hover card: inside the window, off the summary below the answer
-    assert box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= 1440 and box["y"] + box["height"] <= 900
-    assert not overlap(box, teach.locator("#sd-part-note").bounding_box())
-
-    assert tab_to(teach, "range_id", 8) <= 8  # the token slider: no chart toolbar on the way
-    teach.keyboard.press("ArrowLeft" if position else "ArrowRight")  # the slider's keys pick as it moves
-    moved = position - 1 if position else 1
-    teach.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{moved}']", timeout=30_000)
-    teach.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {moved} ").wait_for(timeout=30_000)
-
-    tab_to(teach, "sd-next-layer", 3)
-    lens = teach.locator("#sd-lens")
-    for layer in range(1, 31):
-        teach.keyboard.press("Enter")
-        teach.wait_for_function("(n) => [...document.querySelectorAll('#sd-lens table')].every((t) => "
-                                "t.querySelectorAll('tbody tr:not(.sd-hidden)').length === n)", arg=layer,
-                                timeout=10_000)
-        if layer == 2:  # the class is guessing: nothing names the final tokens, in the view or the chart
-            legend = teach.locator("#sd-lens-plot .js-plotly-plot .legend")
-            teach.wait_for_function("() => !document.querySelector('#sd-lens-plot .legend')?.textContent"
-                                    ".includes('“')", timeout=10_000)
-            assert "which token will each side choose" in lens.inner_text() and lens.locator(".sd-final").count() == 0
-            assert "“" not in legend.text_content() and "Bold" not in lens.inner_text()
-            button, last = teach.locator("#sd-next-layer").bounding_box(), lens.locator("tbody tr").last.bounding_box()
-            assert last["y"] + last["height"] - button["y"] < 900 - 40  # a 900 px screen shows both
-    assert "Bold: the token each side finally chose" in lens.inner_text() and lens.locator(".sd-final").count() >= 2
-    teach.wait_for_function("() => document.querySelector('#sd-lens-plot .legend')?.textContent.includes('“')",
-                            timeout=10_000)
+def ring(page) -> bool:
+    """Whether the focused control shows a focus ring at least 2 px wide (its own, or its label's)."""
+    return page.evaluate("() => { const shown = (e) => e && getComputedStyle(e).outlineStyle !== 'none' && "
+                         "parseFloat(getComputedStyle(e).outlineWidth) >= 2; const e = document.activeElement; "
+                         "return shown(e) || shown(e.closest('label')); }")
 
 
-def test_a_layer_button_before_a_pick_gets_guidance_not_an_error(browser):
-    page = open_page(browser)
-    page.click("#sd-next-layer")
-    page.locator("#sd-lens .sd-guide").get_by_text("Run a comparison").wait_for(timeout=10_000)
-    assert page.get_by_text("Error", exact=True).count() == 0
-    page.close()
+def within(page, selector: str, bottom_of: str | None = None) -> bool:
+    """Whether `selector` (down to the bottom of `bottom_of`) is inside the window."""
+    top = page.locator(selector).first.bounding_box()
+    low = page.locator(bottom_of).last.bounding_box() if bottom_of else top
+    return top["y"] >= 0 and low["y"] + low["height"] <= page.viewport_size["height"]
+
+
+def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
+    """At 1280x720, by keyboard alone: the family switch moves with the arrow keys, the Model list closes when
+    focus leaves it, focus shows on every control used; from the results Present is one Tab away and the
+    answer the next; a pick brings the layer view into the window with its step buttons and the top layer,
+    and every step keeps the row it reveals and the buttons in view."""
+    page = teach
+    page.set_viewport_size({"width": 1280, "height": 720})
+    try:
+        page.focus("#sd-speedup input[type=number]")
+        tab_to(page, "sd-family", 4)
+        assert ring(page)
+        checked = "() => [...document.querySelectorAll('#sd-family input')].map((r) => r.checked)"
+        page.keyboard.press("ArrowDown")
+        page.wait_for_function(f"() => ({checked})()[1]", timeout=5_000)
+        assert focused(page).startswith("sd-family") and ring(page)
+        page.keyboard.press("ArrowUp")
+        page.wait_for_function(f"() => ({checked})()[0]", timeout=5_000)
+        page.keyboard.press("Tab")  # one Tab stop for the group: on to Run
+        assert focused(page).startswith("sd-run") and ring(page)
+
+        page.locator("#sd-settings").get_by_text("More settings").click()
+        page.focus("#sd-model input")
+        page.keyboard.press("ArrowDown")
+        page.locator("#sd-model [role=listbox]").wait_for(timeout=5_000)
+        page.keyboard.press("Tab")
+        page.locator("#sd-model [role=listbox]").wait_for(state="detached", timeout=5_000)
+        assert ring(page)  # the next control, the length slider's box
+        page.locator("#sd-settings").get_by_text("More settings").click()
+
+        page.focus("#sd-results")  # where Run leaves the focus
+        page.keyboard.press("Tab")
+        assert focused(page).startswith("sd-present") and ring(page)
+        assert tab_to(page, "token", 2) == 1  # the answer is one Tab stop, right after Present
+        start = int(focused(page).split()[1])
+        page.keyboard.press("ArrowRight" if start < TOKENS - 1 else "ArrowLeft")
+        position = int(focused(page).split()[1])
+        assert position != start and ring(page)
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
+        page.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {position} ").wait_for(timeout=30_000)
+        page.wait_for_timeout(500)  # the layer view scrolls into the window
+        assert within(page, "#sd-lens-controls", "#sd-lens tbody tr")  # the step buttons, layers 0-29
+        assert focused(page) == f"token {position}"  # the redrawn answer keeps the focus on the pick
+        card = page.locator(f"#sd-skip-output .sd-token[data-pos='{position}'] > .sd-tip")
+        box = card.bounding_box()  # the focused token's hover card: inside the window, or hidden with it
+        assert card.evaluate("(e) => getComputedStyle(e).visibility") == "hidden" or (
+            box["y"] >= 0 and box["y"] + box["height"] <= 720)
+
+        assert tab_to(page, "range_id", 8) <= 8  # the token slider: no chart toolbar on the way
+        assert ring(page)
+        page.keyboard.press("ArrowLeft" if position else "ArrowRight")  # the slider's keys pick as it moves
+        moved = position - 1 if position else 1
+        page.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{moved}']", timeout=30_000)
+        page.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {moved} ").wait_for(timeout=30_000)
+
+        tab_to(page, "sd-next-layer", 3)
+        assert ring(page)
+        lens = page.locator("#sd-lens")
+        for layer in range(1, 31):
+            page.keyboard.press("Enter")
+            page.wait_for_function("(n) => [...document.querySelectorAll('#sd-lens table')].every((t) => "
+                                   "t.querySelectorAll('tbody tr:not(.sd-hidden)').length === n)", arg=layer,
+                                   timeout=10_000)
+            if layer == 2:  # the class is guessing: nothing names the final tokens, in the view or the chart
+                legend = page.locator("#sd-lens-plot .js-plotly-plot .legend")
+                page.wait_for_function("() => !document.querySelector('#sd-lens-plot .legend')?.textContent"
+                                       ".includes('“')", timeout=10_000)
+                assert "which token will each side choose" in lens.inner_text() and lens.locator(".sd-final").count() == 0
+                assert "“" not in legend.text_content() and "Bold" not in lens.inner_text()
+            if layer in (2, 15, 29):  # the row just revealed and the step buttons, both in the window
+                page.wait_for_timeout(300)
+                assert within(page, "#sd-next-layer") and within(page, "#sd-lens tr.sd-now"), layer
+        assert "Bold: the token each side finally chose" in lens.inner_text() and lens.locator(".sd-final").count() >= 2
+        page.wait_for_function("() => document.querySelector('#sd-lens-plot .legend')?.textContent.includes('“')",
+                               timeout=10_000)
+
+        page.focus("#sd-present")  # Present: one key from the results, opening on its first slide at the top
+        page.keyboard.press("Enter")
+        page.locator("#sd-slide h2").get_by_text("SkipDecode beside full decoding").wait_for(timeout=30_000)
+        page.wait_for_timeout(300)
+        assert page.evaluate("() => window.scrollY") == 0 and within(page, "#sd-slide h2")
+    finally:
+        page.get_by_role("tab", name="Compare").click()
+        page.set_viewport_size({"width": 1440, "height": 900})
+
+
+def test_the_lessons_comparison_is_one_button_away_and_needs_no_model(browser):
+    """"Open the lesson's comparison" replays the file docs/teaching.md quotes: its answer, its marks and its
+    verdict on the screen, the prompt in its box, the results in view."""
+    from app import replay, timing
+
+    lesson = replay.read(replay.LESSON_FILE)
+    found = lesson["divergence"]
+    agree = sum(t["token"] == t["full_token"] for t in found["tokens"])
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    try:
+        page.goto(app_url(**SERVER))
+        page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
+        page.click("#sd-lesson")
+        page.wait_for_selector("#sd-skip-output .sd-marked", timeout=30_000)
+        assert page.locator("#sd-headline .sd-replayed").is_visible()
+        headline = page.locator("#sd-headline .sd-verdict").inner_text()
+        assert headline == timing.of(replay.comparison(lesson)).words()
+        assert f"would choose {agree} of SkipDecode's {len(found['tokens'])} tokens" in \
+            page.locator("#sd-part-note").inner_text()
+        assert page.locator("#sd-prompt textarea").input_value() == lesson["prompt"]
+        assert page.locator("#sd-present").is_enabled() and page.locator("#sd-skip-output .sd-part").count() == \
+            len(found["tokens"]) - agree
+        page.wait_for_timeout(500)
+        assert page.locator("#sd-headline").bounding_box()["y"] >= 0
+        assert page.locator("#sd-full-output .sd-token").first.bounding_box()["y"] < 720
+    finally:
+        page.close()

@@ -1,0 +1,78 @@
+"""The page by keyboard and on a projector: what the browser runs beside Gradio's own scripts.
+
+- Focus shows on every control (a thick amber ring: visible from the back of a room).
+- A radio group moves with the arrow keys and is one Tab stop, as native radios are (Gradio names each
+  input of a group differently, so the browser does neither).
+- A dropdown's option list closes when focus leaves it (Gradio leaves it open over the controls below).
+- What a key press draws is scrolled into view: the answers after Run (and focus moves there, so the next
+  Tab reaches Present, then the answer's tokens), the layer view after a pick, the row a step reveals.
+- The charts' toolbars stay for the mouse and leave the Tab order.
+"""
+
+CSS = """
+button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-visible, a:focus-visible,
+[tabindex]:focus-visible, label:has(input[type=radio]:focus-visible), label:has(input[type=checkbox]:focus-visible),
+.label-wrap:focus-visible { outline: 3px solid #f59e0b !important; outline-offset: 2px !important; }
+input[type=range]:focus-visible { outline: 3px solid #f59e0b !important; outline-offset: 4px !important; }
+#sd-results:focus, #sd-results:focus-visible { outline: none !important; }
+"""
+
+# Gradio's `js` on launch: runs once when the page loads.
+JS = """() => {
+  const settle = () => {
+    document.querySelectorAll('.modebar-btn:not([tabindex="-1"])').forEach((b) => b.setAttribute('tabindex', '-1'));
+    document.querySelectorAll('input[type=radio]').forEach((radio) => {
+      const group = radio.closest('fieldset, .wrap') || radio.parentElement.parentElement;
+      const radios = [...group.querySelectorAll('input[type=radio]')];
+      const checked = radios.find((r) => r.checked) || radios[0];
+      const stop = radio === checked ? '0' : '-1';
+      if (radio.getAttribute('tabindex') !== stop) radio.setAttribute('tabindex', stop);
+    });
+  };
+  new MutationObserver(settle).observe(document.body, {childList: true, subtree: true, attributes: true,
+                                                      attributeFilter: ['class', 'aria-checked']});
+  settle();
+  document.addEventListener('keydown', (event) => {
+    const radio = event.target;
+    if (radio.type !== 'radio') return;
+    const step = {ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1}[event.key];
+    if (!step) return;
+    const group = radio.closest('fieldset, .wrap') || radio.parentElement.parentElement;
+    const radios = [...group.querySelectorAll('input[type=radio]')];
+    const next = radios[(radios.indexOf(radio) + step + radios.length) % radios.length];
+    event.preventDefault();
+    next.click(); next.focus(); settle();
+  }, true);
+  document.addEventListener('focusout', (event) => {
+    const box = event.target.closest && event.target.closest('[role=combobox], input[role=listbox]');
+    if (!box) return;
+    const block = box.closest('.block') || box.parentElement;
+    setTimeout(() => { if (!block.contains(document.activeElement)) {
+      box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape', bubbles: true})); box.blur(); } }, 0);
+  });
+  window.sdReveal = (selector, block) => {
+    const element = document.querySelector(selector);
+    if (!element || !element.offsetParent) return false;
+    const box = element.getBoundingClientRect();
+    if (box.top < 0 || box.bottom > window.innerHeight) element.scrollIntoView({block: block || 'start'});
+    return true;
+  };
+}"""
+
+# After Run: once the results show, bring the headline and both answers into view and move focus there.
+AFTER_RUN_JS = """() => {
+  const until = Date.now() + 20000;
+  const go = () => {
+    const results = document.querySelector('#sd-results');
+    const answer = document.querySelector('#sd-full-output .sd-output');
+    if (!results || !results.offsetParent || !answer) { if (Date.now() < until) setTimeout(go, 150); return; }
+    const bottom = answer.getBoundingClientRect().top + Math.min(answer.offsetHeight, 90);
+    if (results.getBoundingClientRect().top < 0 || bottom > window.innerHeight) results.scrollIntoView({block: 'start'});
+    results.setAttribute('tabindex', '-1');
+    results.focus({preventScroll: true});
+  };
+  go();
+}"""
+
+# The Present button: the slides open at the top of the window.
+TO_TOP_JS = "() => { window.scrollTo({top: 0}); }"

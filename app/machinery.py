@@ -1,0 +1,80 @@
+"""How this runs, in plain words: what a visitor may want to know about the engine under the page (its
+weights, its kernels, its decode step, how requests share batches and how the timing is kept fair), and
+the fallbacks worth a warning, only when they happen (a kernel that did not build, a compile that failed).
+
+The library's own labels (`Decoder.weights_label`, `Engine.step_label`) name the build for the log and the
+bench tables; the page's first screen speaks of what a visitor sees instead. Every fact is read from the
+engine that serves, never assumed; an engine that does not say (another backend) gets the general words.
+"""
+
+from __future__ import annotations
+
+import html
+
+from .studio import public_name
+
+
+def _products(engine) -> tuple[str, str | None]:
+    """(how the 4-bit products run, a warning when the fast kernel was wanted and is not running)."""
+    weights = getattr(engine.decoder, "weights", None)
+    if weights is None:
+        dtype = str(getattr(engine.decoder, "dtype", "float32")).removeprefix("torch.")
+        return f"Its weights are kept in {dtype}, as the model was trained.", None
+    screen = getattr(getattr(weights, "head", None), "screen", None)
+    isa = getattr(screen, "isa", None)
+    if isa:
+        return ("Its weights are stored in 4 bits, as the model file ships them, and multiplied as 8-bit integers "
+                "by a small C kernel built for this processor when the app started; attention runs in 32-bit "
+                "floats.", None)
+    plain = ("Its weights are stored in 4 bits, as the model file ships them, and multiplied by PyTorch's own "
+             "4-bit kernel.")
+    try:
+        from skipdecode import q8
+
+        if q8.setting() == "bf16":  # the host asked for PyTorch's kernel: nothing fell back
+            return plain, None
+        reason = q8.library().reason
+    except Exception:  # noqa: BLE001 (a kernel module that does not say: no warning rather than a wrong one)
+        return plain, None
+    if not reason:
+        return plain, None
+    return plain, f"The fast 8-bit kernel is not running ({reason}): PyTorch's 4-bit kernel runs instead, slower."
+
+
+def _step(engine) -> tuple[str, str | None]:
+    """(how one decode step runs, a warning when compiling it was asked for and failed)."""
+    label = str(getattr(engine, "step_label", ""))
+    if label == "CUDA graphs":
+        return "Each step replays a recorded GPU graph.", None
+    if label == "compiled step":
+        return "Each step runs as one compiled program.", None
+    if "compiling failed" in label:
+        return ("Each step runs layer by layer in PyTorch.",
+                "Compiling the decode step failed: each step runs layer by layer in PyTorch instead.")
+    return "Each step runs layer by layer in PyTorch (compiling it did not pay on the processor measured).", None
+
+
+def sentences(engine) -> list[str]:
+    """What runs, in plain words, one fact a sentence."""
+    device = engine.decoder.device.type
+    where = "on this machine's graphics card" if device == "cuda" else "on this machine's processor"
+    products, _ = _products(engine)
+    step, _ = _step(engine)
+    return [f"The model is {public_name(engine.name)}, {engine.num_layers} layers, {where}.", products, step,
+            "Requests that arrive together share one batch: at each position every row runs the same layers.",
+            "The two answers are decoded in turns, one token of each, and every step is timed on its own, so both "
+            "see the same machine load."]
+
+
+def warnings(engine) -> list[str]:
+    """The fallbacks in effect, one sentence each; empty when everything runs as intended."""
+    return [w for w in (_products(engine)[1], _step(engine)[1]) if w]
+
+
+def how_html(engine) -> str:
+    return "".join(f"<p>{html.escape(s)}</p>" for s in sentences(engine))
+
+
+def warnings_html(engine) -> str:
+    found = warnings(engine)
+    return "".join(f'<div class="sd-warning" role="status">⚠️ {html.escape(w)}</div>' for w in found)
