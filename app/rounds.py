@@ -43,6 +43,7 @@ def drafts_frame(verification: dict, schedule: Schedule, tokens: int) -> pd.Data
     COPIED: a kept draft copied from the prompt), `layers` the draft ran there (empty where none ran) and
     `budget` (how many)."""
     rows = [{"token": 0, "round": 0, "outcome": NONE, "layers": ()}]
+    sources = verification.get("sources") or []
     for index, r in enumerate(rounds_of(verification), start=1):
         for offset in range(r["emitted"]):
             i = r["first"] + offset
@@ -50,9 +51,13 @@ def drafts_frame(verification: dict, schedule: Schedule, tokens: int) -> pd.Data
                 break
             drafted = offset < r["drafted"]
             outcome = (NONE if not drafted else KEPT if offset < r["accepted"] else REJECTED)
-            if outcome == KEPT and r["source"] == "prompt":
+            # who drafted it: a kept token's own source where the record has them (a round may copy from the
+            # prompt and draft with the skipped model); a rejected draft's is the round's when all were copies
+            source = (sources[i] if outcome == KEPT and i < len(sources)
+                      else "prompt" if r.get("prompt_drafts", 0) == r["drafted"] > 0 else r["source"])
+            if outcome == KEPT and source == "prompt":
                 outcome = COPIED
-            layers = schedule.layers(i - 1) if drafted and r["source"] == "skipdecode" else ()
+            layers = schedule.layers(i - 1) if drafted and source != "prompt" else ()
             rows.append({"token": i, "round": index, "outcome": outcome, "layers": tuple(layers)})
     frame = pd.DataFrame(rows[:tokens], columns=["token", "round", "outcome", "layers"])
     frame["budget"] = frame["layers"].map(len)

@@ -146,6 +146,16 @@ def test_verified_rounds_draw_each_drafts_layers_and_each_verify_pass():
     assert list(by_name["the draft's budget b(s)"].x)[0] == 1  # token 1's draft: step 0's budget
 
 
+def test_a_round_that_copies_from_the_prompt_then_drafts_draws_each_token_by_its_own_drafter():
+    # round 1 copies two tokens from the prompt, then the skipped model drafts one; all three are kept
+    mixed = {"rounds": [{"first": 1, "drafted": 3, "accepted": 3, "emitted": 4, "source": "prompt",
+                         "prompt_drafts": 2, "draft_ms": 1.0, "verify_ms": 9.0}],
+             "sources": ["verifier", "prompt", "prompt", "skipdecode", "verifier"]}
+    drafts = rounds.drafts_frame(mixed, SCHEDULE, 5)
+    assert list(drafts["outcome"]) == ["none", "copied", "copied", "kept", "none"]
+    assert [tuple(x) for x in drafts["layers"]] == [(), (), (), SCHEDULE.layers(2), ()]  # a copy ran no layer
+
+
 def test_rounds_of_an_older_file_are_read_back_from_its_marks():
     older = {"marks": VERIFICATION["marks"]}
     assert [(r["first"], r["drafted"], r["accepted"], r["emitted"]) for r in rounds.rounds_of(older)] == \

@@ -721,6 +721,9 @@ def cmd_bench(args) -> int:
 
         engine.decoder = Decoder(engine.model, pack=False)
     engine.graphs = args.graphs
+    # Every round prefills its whole prompt, as llama.cpp's row does from its cleared cache: the prefix cache
+    # would otherwise serve the warm-up's copy of the prompt, and the time to first token would time a copy.
+    engine.prefixes = None
     steps = tuple(dict.fromkeys(s.strip() for s in args.step.split(",") if s.strip()))
     if not steps or any(s not in STEPS for s in steps):
         raise ValueError(f"--step takes a comma-separated list of {', '.join(STEPS)}; got {args.step!r}")
