@@ -26,7 +26,8 @@ from .studio import AUTO, Settings, Studio, shown
 # ends. Each update is HTML the server builds and a browser on the same machine renders while the batcher
 # times the decode steps; redrawing the three plots as tokens came in made the page's measured speedup read
 # 0.81x the API's for the same request (median of 5), text every 0.5 s and plots at the end 0.95x
-# (experiments/page_speedup.py, docs/speed.md). The Batch tab, which shows no speedup, redraws every PLOT_EVERY_S.
+# (experiments/page_speedup.py, docs/research/engine-speed.md). The Batch tab, which shows no speedup, redraws
+# every PLOT_EVERY_S.
 TEXT_EVERY_S = 0.5
 PLOT_EVERY_S = 0.75
 DECODINGS = ("greedy", "sampling", "beam search")

@@ -1,5 +1,5 @@
-"""Where a 4-bit decode step's time goes besides the products, and what was tried against it (docs/speed.md,
-"What is left after the products").
+"""Where a 4-bit decode step's time goes besides the products, and what was tried against it
+(docs/research/cpu-4bit-kernels.md, "What is left after the products").
 
     PYTHONPATH=. python experiments/int4_overhead.py [--parts] [--attention] [--consistency] [--others]
                                                  [--compile]

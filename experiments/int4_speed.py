@@ -6,7 +6,8 @@
 E2E test MRs, 64 new tokens a row (EOS does not stop a run), the bench's SkipDecode schedules. Engines are
 timed in turns (round r times every engine before round r + 1) so that both see the same machine load;
 each figure is the median over the rounds of ms per decode step (prefill excluded). `--kernels` first
-times one layer's seven products and the LM head in each format docs/speed.md's head table lists, at batch 1 and 16.
+times one layer's seven products and the LM head in each format the head table of
+docs/research/cpu-4bit-kernels.md lists, at batch 1 and 16.
 The ratios are what to read: this machine is shared.
 """
 

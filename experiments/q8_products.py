@@ -1,7 +1,7 @@
 """The 4-bit products alone, one step's worth (30 layers of SmolLM2-135M's four fused matrices, random Q4_1
 blocks, 66 MB: most of it from DRAM each step, as in decoding), on PyTorch's int4 kernel (bfloat16 inputs)
-and on skipdecode/q8.c (int8 inputs), in turns in one process. Cited by docs/speed.md ("The int8 kernel and
-row-exact attention", "The decode step in native code").
+and on skipdecode/q8.c (int8 inputs), in turns in one process. Cited by docs/research/cpu-4bit-kernels.md
+("The int8 kernel and row-exact attention") and docs/research/native-step.md.
 
     python experiments/q8_products.py --rows 1,4,16,64   # batch 1, 4, 16 and a prompt's 64 rows
     python experiments/q8_products.py --engine           # a real 64-token generation: its products' and head's share

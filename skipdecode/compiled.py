@@ -1,15 +1,16 @@
 """The CPU decode step as compiled graphs: one torch.compile'd layer that every layer of the model runs.
 
-Eager PyTorch spends a 4-bit decode step mostly on calling some 45 small operators a layer (docs/speed.md,
-"What is left after the products"). Inductor fuses them into a few C++ loops around the int4 kernel's four
-calls. The compiled function is the static step's layer (skipdecode/graphs.py: fixed-width cache, the column
-as a tensor, the whole width under a mask) with the layer's weights as ARGUMENTS, not constants: one graph
-per batch size, cache width and LoRA pattern then serves every layer, so SkipDecode's layer subsets, every
-adapter on the shared base and every position replay the same few graphs without recompiling.
+Eager PyTorch spends a 4-bit decode step mostly on calling some 45 small operators a layer
+(docs/research/cpu-4bit-kernels.md, "What is left after the products"). Inductor fuses them into a few C++
+loops around the int4 kernel's four calls. The compiled function is the static step's layer
+(skipdecode/graphs.py: fixed-width cache, the column as a tensor, the whole width under a mask) with the
+layer's weights as ARGUMENTS, not constants: one graph per batch size, cache width and LoRA pattern then
+serves every layer, so SkipDecode's layer subsets, every adapter on the shared base and every position replay
+the same few graphs without recompiling.
 
 The graph keeps the eager step's bits: the norms go through `transformer.rms_norm`, an op inductor calls as
 it is (its own reduction sums in another order, and so does its fallback for `_fused_rms_norm`, which is
-traced into the same reduction: tried in session 44, the bundled model's tokens parted at 3x), attention
+traced into the same reduction: tried on 2026-11-28, the bundled model's tokens parted at 3x), attention
 stays ATen's float64 SDPA, and the operations fused around them are elementwise. A host without a C++ compiler, or where compiling fails,
 runs the eager static step and says why (`Compiled.label`).
 """
@@ -28,14 +29,15 @@ from .transformer import Block, Decoder
 
 COMPILE_ENV = "SKIPDECODE_COMPILE"  # auto (today: the eager step, see AUTO_EAGER), on, off
 SETTINGS = ("auto", "on", "off")
-OPTIONS = {"cpp_wrapper": True}  # the graph's calls from C++ instead of Python (docs/speed.md, session 44)
+OPTIONS = {"cpp_wrapper": True}  # the graph's calls from C++ instead of Python (docs/research/compiled-step.md)
 # What "auto" runs, and why: three bench runs in a row on a quiet AMD EPYC (avx512_bf16, 2 cores) timed both
 # steps in turns; the compiled step was no faster at batch 1 (full depth 7.6-8.2 against 6.9-8.3 ms a token)
 # and slower at batch 16 (36.9-39.5 against 28.3-31.9 ms), and costs 19-29 s of compiling on a cold start
-# (docs/speed.md, "The compiled CPU decode step"). A host whose CPU it pays on sets SKIPDECODE_COMPILE=on.
+# (docs/research/compiled-step.md). A host whose CPU it pays on sets SKIPDECODE_COMPILE=on.
 AUTO_EAGER = "the compiled step did not pay on the CPU measured (SKIPDECODE_COMPILE=on compiles it)"
 # The int8 kernel and the C attention (skipdecode/native.py) are ctypes calls that dynamo cannot trace; by
-# measurement they gain more than compiling did (docs/speed.md, "The int8 kernel and row-exact attention").
+# measurement they gain more than compiling did (docs/research/cpu-4bit-kernels.md,
+# "The int8 kernel and row-exact attention").
 NATIVE_EAGER = ("the compiled step traces PyTorch's int4 kernel, not the C kernels "
                 "(SKIPDECODE_KERNEL=bf16 with SKIPDECODE_COMPILE=on compiles it)")
 RECOMPILE_LIMIT = 64  # graphs per process: batch sizes x cache widths x LoRA patterns

@@ -5,7 +5,7 @@ matrices as Q4_1 blocks (32 weights along the input: 4-bit codes q, a scale d, a
 4.5 bits a weight. `torch.ops.aten._weight_int4pack_mm_for_cpu` computes w = (c - 8) * scale + zero per
 group of 32 inputs, so scale = d and zero = m + 8 d hold a Q4_1 block as it is: the codes go from the file
 into the kernel untouched. The kernel's fast path takes bfloat16 inputs (float32 inputs take a reference
-loop, about 40x slower on this CPU: docs/speed.md); the products' inputs and outputs are rounded to
+loop, about 40x slower on this CPU: docs/research/cpu-4bit-kernels.md); the products' inputs and outputs are rounded to
 bfloat16 and so are the blocks' scale and zero, while norms, RoPE, attention, residuals and the KV cache
 stay float32. The token embedding (Q8_0, tied to the LM head) stays the float32 copy the engine reads
 today; the head screens the vocabulary with a 4-bit copy of it and rescores the best RESCORE tokens of

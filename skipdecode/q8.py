@@ -2,7 +2,7 @@
 by skipdecode/native.py).
 
 PyTorch's int4 kernel (q4.Int4Linear) rounds each product's inputs to bfloat16 and the blocks' scales too,
-and on this project's CPU it took about 4 ms of a 7.7 ms full-depth step (docs/speed.md). llama.cpp
+and on this project's CPU it took about 4 ms of a 7.7 ms full-depth step (docs/research/cpu-4bit-kernels.md). llama.cpp
 quantizes the activations to int8 per block of 32 (Q8_1) and multiplies them with the 4-bit codes in
 integer instructions (VNNI). This kernel does the same on the GGUF's Q4_1 blocks byte for byte (their
 float16 scale and minimum exact), and keeps every row's bits whatever the batch (q8.c says how).

@@ -134,8 +134,8 @@ class Decoder:
         # float32 sums over keys round differently in a batch than alone (and a prefill's rows differently
         # than a decode step's), and the next product's bfloat16 inputs turn a last-bit difference into a
         # visible one; float64 sums round back to the same float32. Row-by-row float32 attention was tried
-        # instead (docs/speed.md, "What is left after the products"): faster decoding at batch 1, slower
-        # prefills and batches.
+        # instead (docs/research/cpu-4bit-kernels.md, "What is left after the products"): faster decoding at
+        # batch 1, slower prefills and batches.
         self.attention_dtype = torch.float64 if weights is not None else None
         # ... unless the weights bring a row-exact float32 attention (skipdecode/attention.c, beside the int8
         # kernel's products): the same bits alone and in a batch without the float64 detour.

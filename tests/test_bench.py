@@ -105,7 +105,7 @@ def test_goals_are_ratios_against_thresholds():
     assert got["1x: batch 16 tokens/s / batch 1 tokens/s"] == (5.0, False)
     assert got["3x: batch 16 tokens/s / batch 1 tokens/s"] == (7.0, True)
     assert got["3x, batch 16: SkipDecode tokens/s / early-exit peer tokens/s (equal layers per token)"][1]
-    # on a GPU the GPU goals replace the CPU's: full depth against generate, 3x against full depth
+    # on a GPU the GPU goals replace the CPU's: full depth against generate, 3x against full depth
     on_gpu = [{**row, "device": "cuda", "measured_speedup": row["tokens_per_s"] / 50} for row in rows[:3]]
     assert {g["goal"]: (g["value"], g["holds"]) for g in goals(on_gpu)} == {
         "GPU, full depth, batch 1: tokens/s vs transformers generate (end to end)": (2.0, False),

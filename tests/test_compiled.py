@@ -61,7 +61,8 @@ def inductor_cache(tmp_path_factory, monkeypatch):
 
 def test_compiled_step_decodes_what_the_eager_steps_decode():
     engine = tiny_int4()
-    assert engine.step_label == f"eager step: {compiled.AUTO_EAGER}"  # auto: measured not to pay (docs/speed.md)
+    # auto: measured not to pay (docs/research/compiled-step.md)
+    assert engine.step_label == f"eager step: {compiled.AUTO_EAGER}"
     for policy in (None, Schedule(6, 6, 2, warmup=1, horizon=6)):
         for stop in (True, False):
             want = decode(engine, "off", policy, stop=stop)  # the eager step ...

@@ -204,7 +204,7 @@ def test_bundled_teacher_forced_scoring_agrees_with_decoding(int4):
     """The page's scores and divergence marks run one forward pass over prompt + answer
     (Engine.hidden_states); on this path its full-depth argmax must be the token decoding chose. With
     float32 attention a prefill's rows round differently than decode steps, and about 0.5% of tokens
-    disagreed (docs/speed.md, "What is left after the products"): here 1 of these 384 did."""
+    disagreed (docs/research/cpu-4bit-kernels.md, "What is left after the products"): here 1 of these 384 did."""
     for prompt in [PROMPTS[1], "Write a haiku about the sea.", PROMPTS[2], PROMPTS[0]]:
         ids = int4.encode(prompt)
         answer = int4.generate([ids], max_new_tokens=96, stop_at_eos=False).token_ids[0]

@@ -264,8 +264,9 @@ def test_bundled_one_cache_is_a_plain_decode_bit_for_bit():
     """The 4-bit default on a general prompt (general-3x drafts on the base model's cache): after every round
     the one cache holds exactly the bits of full decoding's, prompt included (the second run finds its prompt
     in the prefix cache). The base model's rows are exact alone and in a pass of several; an unmerged LoRA
-    verifier's (e2e-1x) are not on every CPU (q4.lora_term at one row and at several: docs/speed.md), so the
-    E2E pair is held to its tokens (test_bundled_verified_equals_full_decoding)."""
+    verifier's (e2e-1x) are not on every CPU (q4.lora_term at one row and at several:
+    docs/research/verified-decoding.md), so the E2E pair is held to its tokens
+    (test_bundled_verified_equals_full_decoding)."""
     from skipdecode.verify import for_prompt
 
     run, schedule, _ = for_prompt(PROMPTS[0], 3.0, dtype="int4")

@@ -60,7 +60,7 @@ README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode 
 GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3,
          "vs_llamacpp": 1.3, "vs_llamacpp_3x": 3.0, "ttft_vs_llamacpp": 1.0}  # the last three: against llama.cpp
 # on the same GGUF, timed in its own decode loop (the native layers' goals; docs/speed.md)
-GPU_GOALS = {"vs_hf": 3.0, "speedup_3x": 2.0}  # issue 23, on a GPU: launches, not weights, set the pace there
+GPU_GOALS = {"vs_hf": 3.0, "speedup_3x": 2.0}  # on a GPU (docs/speed.md, "On a GPU"): launches set the pace there
 
 
 # ---- the cost model -----------------------------------------------------------------------------
@@ -501,7 +501,7 @@ def with_llamacpp(rows, cpp: dict) -> list[dict]:
 
 
 def goals(rows) -> list[dict]:
-    """The issue's goals, each as the ratio this run measured against its threshold; with rows of more than
+    """The speed goals, each as the ratio this run measured against its threshold; with rows of more than
     one decode step, checked for each step (named in the goal)."""
     steps = list(dict.fromkeys(r["step"] for r in rows if "step" in r))
     if len(steps) < 2:
