@@ -48,10 +48,11 @@ def _step(engine) -> tuple[str, str | None]:
         return "Each step replays a recorded GPU graph.", None
     if label == "compiled step":
         return "Each step runs as one compiled program.", None
+    eager = ("Each step runs a token's layers in one call to the C library, each layer's whole work in C."
+             if getattr(engine.decoder, "fused", None) is not None else "Each step runs layer by layer in PyTorch.")
     if "compiling failed" in label:
-        return ("Each step runs layer by layer in PyTorch.",
-                "Compiling the decode step failed: each step runs layer by layer in PyTorch instead.")
-    return "Each step runs layer by layer in PyTorch (compiling it did not pay on the processor measured).", None
+        return eager, f"Compiling the decode step failed: {eager[0].lower() + eager[1:-1]} instead."
+    return eager, None
 
 
 def sentences(engine) -> list[str]:

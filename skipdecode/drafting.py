@@ -12,6 +12,8 @@ machine, or fixed for a test):
 - the fallback: when the rounds that drafted yielded fewer tokens per unit of cost than a plain step (1),
   plain full-depth steps run instead, and every `probe` of them a drafting round probes again; a failed
   probe doubles the wait (up to MAX_PROBE), a paying one resumes drafting.
+A request starts where the last one of the same pair left off (`Costs.history`): a short answer has too
+few rounds to learn on its own that drafting does not pay for prompts of its kind.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Costs:
     step_ms: float | None = None  # one full-depth position, the unit
     _draft_ms: float | None = field(default=None, repr=False)
     _extra_ms: float | None = field(default=None, repr=False)
+    # the pacing each pair of draft and verifier left at its last round (Pacing.state), for its next request
+    history: dict = field(default_factory=dict, repr=False)
 
     def pass_cost(self, positions: int) -> float:
         return 1.0 + self.extra * (positions - 1)
@@ -101,6 +105,18 @@ class Pacing:
     rate: float | None = None  # tokens per unit of cost over recent drafting rounds (None: none yet)
     plain_left: int = 0  # plain steps before the next probe
     probing: bool = False
+
+    def resume(self, state: dict | None) -> "Pacing":
+        """Go on from an earlier request's `state`: its drafters' acceptance, its rate, and the plain steps
+        left before its next probe (none when drafting paid)."""
+        if state:
+            self.acceptance, self.rate = dict(state["acceptance"]), state["rate"]
+            self.probe_every, self.plain_left = state["probe_every"], state["plain_left"]
+        return self
+
+    def state(self) -> dict:
+        return {"acceptance": dict(self.acceptance), "rate": self.rate, "probe_every": self.probe_every,
+                "plain_left": self.plain_left}
 
     def drafting(self) -> bool:
         """Whether this round runs the skipped model's drafts (else a plain step, or prompt copies only)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# n-gram lengths, chosen by measurement on tuning prompts (docs/method.md, "Drafts from the prompt"): keys
+# n-gram lengths, chosen by measurement on tuning prompts (docs/method.md, "How much to draft"): keys
 # of 1 token match everywhere and propose mostly rejected copies; 2 and 3 keep the copies that pay.
 NGRAM = 3
 MIN_NGRAM = 2

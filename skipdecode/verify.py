@@ -209,7 +209,8 @@ class Verified:
         draft_dec, verify_dec = self.draft.decoder, self.verifier.decoder
         column = Scheduled(schedule)
         costs = self._costs(column)
-        pacing = Pacing(self.k, costs, self.threshold)
+        pair = (id(draft_dec), self.threshold)  # where this pair's last request left its pacing
+        pacing = Pacing(self.k, costs, self.threshold).resume(costs.history.get(pair))
         lookup = PromptLookup(ids, *self.lookup) if self.lookup else None
         cache = _cache(verify_dec, width)  # the one cache: the verifier's, which the draft reads
         generator = sampling.generator(verify_dec.device)
@@ -296,6 +297,7 @@ class Verified:
             costs.observe_pass(len(drafts) + 1, verify_ms)
             accepted = marks.count(ACCEPTED)
             pacing.record(sources, accepted, len(kept), steps)
+            costs.history[pair] = pacing.state()
             stats.drafted += len(drafts)
             stats.accepted += accepted
             stats.prompt_drafted += sources.count(PROMPT)

@@ -411,3 +411,7 @@ def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect
     engine.step_label = "eager step: compiling failed: RuntimeError: no"
     assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs layer by layer in "
                                           "PyTorch instead."]
+    decoder.fused = object()  # every layer in one C call (skipdecode/layer.c)
+    assert "one call to the C library" in " ".join(machinery.sentences(engine))
+    assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs a token's layers in one "
+                                          "call to the C library, each layer's whole work in C instead."]

@@ -92,8 +92,10 @@ def assert_rounds_leave_a_plain_decode(run, prompt, schedule, n, stop_at_eos=Fal
 @pytest.mark.parametrize("draft", [1, 2])
 def test_one_cache_after_every_round_is_a_plain_decode(engines, draft):
     """Rounds that keep every draft and rounds that end mid-draft (the bad draft), k 3."""
-    run = Verified(engines[draft], engines[0], 3, threshold=0.0)
-    for n in (7, 12):
+    from skipdecode.drafting import Costs
+
+    for n in (7, 12):  # each request its own cost model, so that neither starts from the other's pacing
+        run = Verified(engines[draft], engines[0], 3, threshold=0.0, costs=Costs())
         gen, rounds = assert_rounds_leave_a_plain_decode(run, PROMPT, SKIP, n)
         assert len(gen.token_ids[0]) == n and rounds == gen.verification.passes + 1
     if draft == 2:
@@ -159,6 +161,27 @@ def test_fallback_costs_a_draft_that_is_always_wrong_a_few_percent(engines):
     agrees = Verified(engines[1], verifier, 4, threshold=0.0, lookup=None, costs=costs)
     v = agrees.generate([PROMPT], FULL, 60, stop_at_eos=False).verification
     assert v.plain_steps <= 1 and v.acceptance_rate == 1.0
+
+
+def test_the_next_request_of_a_pair_starts_where_drafting_left_off(engines):
+    """A request whose drafts never paid leaves its pacing to the pair's next request: that one begins with
+    the plain steps left before a probe, not with drafting rounds to learn it again; a draft that agrees
+    leaves no plain steps behind."""
+    from skipdecode.drafting import Costs
+
+    verifier = engines[0]
+    want = verifier.generate([PROMPT], None, 40, stop_at_eos=False).token_ids
+    never = next(t for t in range(320) if t not in want[0])
+    costs = Costs(draft=0.4, extra=0.15, fixed=True)
+    wrong = WrongDraft(verifier, never)
+    first = Verified(wrong, verifier, 4, lookup=None, costs=costs).generate([PROMPT], SKIP, 40, stop_at_eos=False)
+    assert first.verification.rounds[0].drafted > 0  # a first request must learn by drafting
+    left = costs.history[(id(wrong), Verified(wrong, verifier, 4).threshold)]
+    assert left["rate"] < 1.0 and left["plain_left"] > 0
+    again = Verified(wrong, verifier, 4, lookup=None, costs=costs).generate([PROMPT], SKIP, 40, stop_at_eos=False)
+    assert again.token_ids == want
+    assert [r.drafted for r in again.verification.rounds[:left["plain_left"]]] == [0] * left["plain_left"]
+    assert again.verification.plain_steps > first.verification.plain_steps
 
 
 def test_confidence_stop_and_cost_cap(engines):
