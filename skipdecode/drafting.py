@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 SKIPDECODE, PROMPT = "skipdecode", "prompt"  # the drafters (verify.py's Round.source names)
 
-# The confidence stop's threshold, tuned on tuning prompts (docs/method.md, "How much to draft").
-THRESHOLD = 0.5
+# The confidence stop's threshold, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
+# (docs/results/draft-tuning-2026-11-29.json): the best of 0, 0.3, 0.5, 0.7 and 0.9 at k 4.
+THRESHOLD = 0.9
 PRIOR_ACCEPTANCE = 0.6  # a drafter's acceptance before its first verified draft
 SMOOTHING = 0.3  # weight of the newest observation in the rolling figures
 PROBE, MAX_PROBE = 8, 64  # plain steps between probes: at first, and at most after failed probes

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# n-gram lengths, chosen by measurement on tuning prompts (docs/method.md, "How much to draft"): keys
-# of 1 token match everywhere and propose mostly rejected copies; 2 and 3 keep the copies that pay.
-NGRAM = 3
-MIN_NGRAM = 2
+# n-gram lengths, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
+# (docs/results/draft-tuning-2026-11-29.json): keys of 2 tokens, else 1, the shortest within 1% of the best.
+NGRAM = 2
+MIN_NGRAM = 1
 
 
 class PromptLookup:

@@ -45,11 +45,10 @@ from .sampling import Sampling, next_tokens, probabilities
 from .schedule import Schedule
 from .trace import StepRecord, Trace
 
-# Drafts per round, by the kind of prompt, measured with `skipdecode bench-verified --draft-tokens 4,6,8`
-# (docs/research/verified-decoding.md, 2026-11-28): E2E drafts are accepted 97-100%, and k 6 beat 4 (1.47x vs 1.34x full
-# decoding's tokens/s at 3x) with 8 no better; general prompts' 12-22%, and every draft past the first
-# rejection is wasted: k 4 beat 6 and 8 (0.42x vs 0.33x and 0.26x at 3x). Fixed per kind, not adaptive.
-DRAFT_TOKENS = {"e2e": 6, "general": 4}
+# The most drafts a round makes, by the kind of prompt: chosen by the rule in docs/method.md ("How much to draft")
+# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-2026-11-29.json): k 4 for both,
+# within 1% of the best setting and the lowest k there. The drafting rules decide how many a round makes.
+DRAFT_TOKENS = {"e2e": 4, "general": 4}
 DEFAULT_DRAFT_TOKENS = DRAFT_TOKENS["general"]
 
 
