@@ -71,6 +71,8 @@ class Q8Linear:
     """y = x W^T (+ (x A) B) with W as the GGUF's Q4_1 blocks and x quantized to int8 per block of 32 inside
     the kernel. Inputs and outputs float32; the LoRA term (transformer.lora_term) stays float32."""
 
+    native_layer = True  # its layout is what layer.c reads: a decoder of these runs each layer in one C call
+
     def __init__(self, packed: torch.Tensor, out_features: int, in_features: int, lora=None, lib=None):
         self.packed, self.out_features, self.in_features, self.lora = packed, out_features, in_features, lora
         self.bias = None

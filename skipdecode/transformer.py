@@ -378,10 +378,9 @@ class Decoder:
 def _fused_layers(dec: Decoder):
     """native.Layers for a decoder whose every product is the int8 kernel's, beside the C attention; else None."""
     from . import native
-    from .q8 import Q8Linear
 
-    linears = [lin for b in dec.blocks for lin in (b.qkv, b.out, b.up, b.down)]
-    if dec.attention_kernel is None or dec.rotary is None or not all(isinstance(l, Q8Linear) for l in linears):
+    linears = [lin for b in dec.blocks for lin in (b.qkv, b.out, b.up, b.down)]  # q8.Q8Linear says native_layer
+    if dec.attention_kernel is None or dec.rotary is None or not all(getattr(l, "native_layer", False) for l in linears):
         return None
     return native.Layers(dec, linears[0].lib)
 

@@ -17,7 +17,8 @@ def test_generate_json_is_one_object_with_the_documented_fields():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)  # the whole of stdout is exactly one JSON object
     assert set(data) == {"model", "num_layers", "schedule", "outputs", "steps", "prefill_ms", "decode_ms",
-                         "tokens_per_s"}
+                         "tokens_per_s", "prefix_tokens"}
+    assert data["prefix_tokens"] == 0  # two prompts: a batch, which the prefix cache does not serve
     assert data["num_layers"] == 30 and data["schedule"]["mode"] == "skip"
     assert [o["prompt"] for o in data["outputs"]] == PROMPTS[:2]
     assert all(o["token_ids"] and isinstance(o["text"], str) for o in data["outputs"])
