@@ -28,7 +28,7 @@ from .prompts import encode_prompt, has_chat_template
 from .sampling import Sampling, next_tokens
 from .schedule import Schedule
 from .trace import StepRecord, Trace
-from .transformer import Decoder
+from .transformer import Decoder, run_layers
 
 Prompt = str | Sequence[int]
 GRAPHS_ENV = "SKIPDECODE_CUDA_GRAPHS"
@@ -67,11 +67,7 @@ class Scheduled:
     def run(self, dec: Decoder, cache: KVCache, step: int, column: int, x, rope, mask):
         """Hidden states [B, 1, d] after this position's layers, and the step's record (ms filled in later)."""
         layers = self.schedule.layers(step)
-        if isinstance(dec, Decoder):  # the eager step: one call for the position's layers
-            x = dec.run_layers(layers, x, rope, mask, cache, column)
-        else:  # a static step (skipdecode/graphs.py) runs each layer's graph
-            for layer in layers:
-                x = dec.block(layer, x, rope, mask, *cache.claim(layer, column, 1), column)
+        x = run_layers(dec, layers, x, rope, mask, cache, column)  # fused layers: one native call for them all
         return x, StepRecord(step, len(layers), layers, self.schedule.skipped(step), 0.0, x.shape[0])
 
 

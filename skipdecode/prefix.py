@@ -25,6 +25,7 @@ from collections import OrderedDict
 import torch
 
 from .cache import KVCache
+from .transformer import run_layers
 
 BYTES_ENV = "SKIPDECODE_PREFIX_CACHE_MB"
 DEFAULT_MB = 64  # about 1,400 prompt tokens of SmolLM2-135M (46 KB a token in float32)
@@ -43,12 +44,7 @@ def forward(dec, cache: KVCache, tokens, start: int, head: bool | str = True, la
         allowed = torch.ones(S, start + S, dtype=torch.bool, device=device).tril(start)
         mask = dec.attention_bias(allowed)[None, None]
     x, rope = dec.embed(torch.tensor([list(tokens)], device=device), positions), dec.rope(positions, limit=cache.max_len)
-    layers = range(dec.num_layers) if layers is None else layers
-    if hasattr(dec, "run_layers"):  # a Decoder: the layers in one native call where they are fused
-        x = dec.run_layers(layers, x, rope, mask, cache, start)
-    else:
-        for layer in layers:
-            x = dec.block(layer, x, rope, mask, *cache.claim(layer, start, S), start)
+    x = run_layers(dec, range(dec.num_layers) if layers is None else layers, x, rope, mask, cache, start)
     if head == "last":
         return dec.logits(x[:, -1])
     return dec.logits(x[0]) if head else x[:, -1:]

@@ -266,9 +266,7 @@ class Decoder:
         """`block` for each of `layers` in turn at cache columns [start, start + S) of `cache` (cache.KVCache):
         one native call for them all where the layers are fused (a SkipDecode position's layers)."""
         if self.fused is None:
-            for layer in layers:
-                x = self.block(layer, x, rope, mask, *cache.claim(layer, start, x.shape[1]), start)
-            return x
+            return _each_layer(self, layers, x, rope, mask, cache, start)
         end, lengths = start + x.shape[1], cache.lengths
         if end > cache.max_len or any(lengths[layer] != start for layer in layers):
             for layer in layers:
@@ -373,6 +371,21 @@ class Decoder:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self._norm(x, self.final_norm))
+
+
+def run_layers(dec, layers: Sequence[int], x, rope, mask, cache, start: int):
+    """`layers` in turn at cache columns [start, start + S) of `cache`, for any decoder: a Decoder's own
+    run_layers (one native call where its layers are fused), another's (a static step's graphs,
+    skipdecode/graphs.py) layer by layer."""
+    if isinstance(dec, Decoder):
+        return dec.run_layers(layers, x, rope, mask, cache, start)
+    return _each_layer(dec, layers, x, rope, mask, cache, start)
+
+
+def _each_layer(dec, layers: Sequence[int], x, rope, mask, cache, start: int):
+    for layer in layers:
+        x = dec.block(layer, x, rope, mask, *cache.claim(layer, start, x.shape[1]), start)
+    return x
 
 
 def _fused_layers(dec: Decoder):
