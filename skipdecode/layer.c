@@ -14,6 +14,7 @@
    functions the same whether a loop is vectorized or not): a row has the same bits alone, in a batch, in a
    prefill and in a verify pass. Built with -ffp-contract=off. */
 
+#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,12 +68,84 @@ static void swiglu(const float *gate, const float *up, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + exp_any(-gate[i])) * up[i];
 }
 
-/* xa [rank] = x [k] a [k, rank], the sum over k in index order */
-static void lora_in(const Product *p, const float *x, float *xa) {
-    for (int64_t j = 0; j < p->rank; j++) xa[j] = 0.0f;
+/* Vectors of VW floats for the LoRA terms: AVX-512 where built for it, else AVX2 (q8.c needs AVX2 and FMA). A
+   masked lane reads 0 and is never stored; every stored lane runs fmaf's single-rounding steps. */
+#ifdef __AVX512F__
+typedef __m512 vf;
+typedef __mmask16 vmask;
+#define VW 16
+static inline vmask vmask_of(int64_t n) { return n >= 16 ? (vmask)0xFFFF : n <= 0 ? (vmask)0 : (vmask)((1u << n) - 1); }
+static inline vf vload(const float *p, vmask m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline void vstore(float *p, vf v, vmask m) { _mm512_mask_storeu_ps(p, m, v); }
+#define vzero _mm512_setzero_ps
+#define vset1 _mm512_set1_ps
+#define vfma _mm512_fmadd_ps
+#define vadd _mm512_add_ps
+#else
+typedef __m256 vf;
+typedef __m256i vmask;
+#define VW 8
+static inline vmask vmask_of(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? (n < 0 ? 0 : n) : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf vload(const float *p, vmask m) { return _mm256_maskload_ps(p, m); }
+static inline void vstore(float *p, vf v, vmask m) { _mm256_maskstore_ps(p, m, v); }
+#define vzero _mm256_setzero_ps
+#define vset1 _mm256_set1_ps
+#define vfma _mm256_fmadd_ps
+#define vadd _mm256_add_ps
+#endif
+
+/* xa [rank] of T rows at once (T a constant after inlining), columns j..j+2VW: their sums over k in index
+   order, in registers (a running sum kept in memory waited on its own store every step) */
+static inline __attribute__((always_inline)) void lora_in_tile(const Product *p, const float *x, int64_t ldx,
+                                                               float *xa, int64_t ldxa, int64_t j, const int T) {
+    const vmask m0 = vmask_of(p->rank - j), m1 = vmask_of(p->rank - j - VW);
+    vf acc[4][2];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = vzero();
     for (int64_t i = 0; i < p->k; i++) {
-        const float *ai = p->a + i * p->rank;
-        for (int64_t j = 0; j < p->rank; j++) xa[j] = fmaf(x[i], ai[j], xa[j]);
+        const float *ai = p->a + i * p->rank + j;
+        const vf a0 = vload(ai, m0), a1 = vload(ai + VW, m1);
+        for (int t = 0; t < T; t++) {
+            const vf xi = vset1(x[t * ldx + i]);
+            acc[t][0] = vfma(xi, a0, acc[t][0]);
+            acc[t][1] = vfma(xi, a1, acc[t][1]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        vstore(xa + t * ldxa + j, acc[t][0], m0);
+        vstore(xa + t * ldxa + j + VW, acc[t][1], m1);
+    }
+}
+
+/* xa [rows, rank] = x [rows, k] a [k, rank]: each value fmaf's running sum over k in index order */
+static void lora_in(const Product *p, const float *x, int64_t ldx, int64_t rows, float *xa, int64_t ldxa) {
+    for (int64_t j = 0; j < p->rank; j += 2 * VW)
+        for (int64_t r = 0; r < rows; r += 4) {
+            switch (rows - r < 4 ? rows - r : 4) {
+#define CASE(T) case T: lora_in_tile(p, x + r * ldx, ldx, xa + r * ldxa, ldxa, j, T); break;
+                CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+                default: break;
+            }
+        }
+}
+
+/* t [n0, n1) += (xa b) [n0, n1) for one row: each value's sum over the rank in index order from 0, then added */
+static void lora_out(const Product *p, const float *xa, int64_t n0, int64_t n1, float *t) {
+    for (int64_t n = n0; n < n1; n += 4 * VW) {
+        vmask m[4];
+        vf acc[4];
+        for (int v = 0; v < 4; v++) m[v] = vmask_of(n1 - n - v * VW), acc[v] = vzero();
+        for (int64_t j = 0; j < p->rank; j++) {
+            const float *bj = p->b + j * p->n + n;
+            const vf x = vset1(xa[j]);
+            for (int v = 0; v < 4; v++) acc[v] = vfma(x, vload(bj + v * VW, m[v]), acc[v]);
+        }
+        for (int v = 0; v < 4; v++) {
+            float *out = t + n + v * VW;
+            vstore(out, vadd(vload(out, m[v]), acc[v]), m[v]);
+        }
     }
 }
 
@@ -99,30 +172,17 @@ static void product_units(const Product *p, const Acts *in, const Work *wk, int6
     const int64_t n0 = u0 * ROWS, n1 = u1 * ROWS < p->n ? u1 * ROWS : p->n;
     for (int64_t r = 0; r < rows; r++) {
         float *t = tmp + r * ldt;
-        if (p->a) {
-            const float *xa = in->xa + r * wk->rank_max;
-            float acc[ROWS * 4];
-            for (int64_t n = n0; n < n1; n += ROWS * 4) {
-                const int64_t m = n1 - n < ROWS * 4 ? n1 - n : ROWS * 4;
-                for (int64_t i = 0; i < m; i++) acc[i] = 0.0f;
-                for (int64_t j = 0; j < p->rank; j++) {
-                    const float *bj = p->b + j * p->n + n;
-                    for (int64_t i = 0; i < m; i++) acc[i] = fmaf(xa[j], bj[i], acc[i]);
-                }
-                for (int64_t i = 0; i < m; i++) t[n + i] = t[n + i] + acc[i];
-            }
-        }
+        if (p->a) lora_out(p, in->xa + r * wk->rank_max, n0, n1, t);
         if (residual)
             for (int64_t n = n0; n < n1; n++) residual[r * ldr + n] = residual[r * ldr + n] + t[n];
     }
 }
 
-/* Row r of a product's input: quantized, and its LoRA xa */
-static void prepare(const Product *p, const Acts *a, int64_t rank_max, int64_t r) {
+/* Rows r0..r1 of a product's input: quantized, and their LoRA xa */
+static void prepare(const Product *p, const Acts *a, int64_t rank_max, int64_t r0, int64_t r1) {
     const int64_t nb = p->k / GROUP;
-    const float *x = a->x + r * p->k;
-    q8_quantize(x, p->k, a->q + r * p->k, a->dx + r * nb, a->sx + r * nb);
-    if (p->a) lora_in(p, x, a->xa + r * rank_max);
+    for (int64_t r = r0; r < r1; r++) q8_quantize(a->x + r * p->k, p->k, a->q + r * p->k, a->dx + r * nb, a->sx + r * nb);
+    if (p->a) lora_in(p, a->x + r0 * p->k, p->k, r1 - r0, a->xa + r0 * rank_max, rank_max);
 }
 
 /* every unit of a product, shared among the team's threads (chunks of 4 units: one head of 64 rows) */
@@ -196,15 +256,14 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
 #define INPUT(p, make)                                                    \
     do {                                                                  \
         if (own) {                                                        \
-            for (int64_t r = 0; r < R && ok; r++) {                       \
-                make;                                                     \
-                prepare(p, in, wk.rank_max, r);                           \
-            }                                                             \
+            for (int64_t r = 0; r < R && ok; r++) make;                   \
+            if (ok) prepare(p, in, wk.rank_max, 0, R);                    \
         } else {                                                          \
             _Pragma("omp for schedule(static)")                           \
-            for (int64_t r = 0; r < R; r++) {                             \
-                make;                                                     \
-                prepare(p, in, wk.rank_max, r);                           \
+            for (int64_t r4 = 0; r4 < R; r4 += 4) {                       \
+                const int64_t r1 = r4 + 4 < R ? r4 + 4 : R;               \
+                for (int64_t r = r4; r < r1; r++) make;                   \
+                prepare(p, in, wk.rank_max, r4, r1);                      \
             }                                                             \
         }                                                                 \
     } while (0)
