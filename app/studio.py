@@ -26,7 +26,7 @@ import pandas as pd
 from skipdecode import lens
 from skipdecode.evaluation import quality
 from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_speedup,
-                                 trained_speedups)
+                                 trained_schedule, trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine, shares_base
@@ -90,7 +90,7 @@ def configured_models(model: str | None = None) -> list[ModelChoice]:
     adapter, first an "auto" entry that picks the adapter made for the requested speedup. Adapters made
     for another model are left out: a web user can never ask for them."""
     model = model or base_model()
-    adapters = [a for a in readable_adapters() if same_base(a.base_model, model)]
+    adapters = [a for a in readable_adapters() if same_base(a.base_model, model) and not a.shared_cache]
     choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
                            a.name, a.config.get("horizon"), a.spread, a.speedups, a.task) for a in adapters]
     base = ModelChoice(f"{public_name(model)} (base)", model)
@@ -330,6 +330,8 @@ class Studio:
     def __init__(self, models: list[ModelChoice] | None = None, limits: Limits = Limits(),
                  batcher: Batcher | None = None):
         self.models = models or configured_models()
+        # drafts made for verified decoding's one cache (`draft`): not in the Model list, fixed at start too
+        self.drafts = [a for a in readable_adapters() if a.shared_cache and same_base(a.base_model, self.base.model)]
         self.limits = limits
         self.batcher = batcher or Batcher(time_limit_s=limits.time_limit_s)
         self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
@@ -481,7 +483,7 @@ class Studio:
                                 why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
                                 decoding=decoding_name(sampling, beam), verified=bool(settings.verify))
         if comparison.verified:  # a fresh pair per request: the batcher runs it as a batch of one
-            engine = Verified(engine, full_engine, draft_tokens_for(kind=kind))
+            engine = Verified(self.draft(full_choice, schedule) or engine, full_engine, draft_tokens_for(kind=kind))
         skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:
@@ -494,6 +496,16 @@ class Studio:
         comparison.divergence = self.divergence(full_engine, comparison)
         comparison.divergence_ms = (time.perf_counter() - started) * 1000.0
         yield comparison
+
+    def draft(self, verifier: ModelChoice, schedule: Schedule) -> Engine | None:
+        """The engine of a draft trained to read `verifier`'s cache (adapters.AdapterInfo.shared_cache) on this
+        very schedule, where one was in the adapters folder at start (None: the SkipDecode side drafts)."""
+        for made in self.drafts:
+            if made.meta.get("verifier") == verifier.adapter and any(
+                    trained_schedule(made, s, schedule.num_layers) == schedule for s in made.speedups):
+                return self.engine(ModelChoice(f"{made.name} (draft)", self.base.model, made.name,
+                                               made.config.get("horizon"), made.spread, made.speedups, made.task))
+        return None
 
     def reference(self, model: str | None, prompt: str | None, choice: ModelChoice,
                   why: str, kind: str | None = None) -> tuple[ModelChoice, str]:

@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     from skipdecode.engine import Engine
     from skipdecode.evaluation.data import eval_items
     from skipdecode.evaluation.general import VALIDATION_COUNT, validation_prompts
+    from skipdecode.drafting import Costs
     from skipdecode.verify import Verified
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -53,7 +54,10 @@ def main(argv=None) -> int:
             verifiers[kind] = Engine.load(adapter=pick_adapter(1.0, task=kind)[0])
         draft = Engine.load(adapter=info)
         schedule = trained_schedule(info, float(speedup), draft.num_layers, warmup=int(warmup) if warmup else None)
-        run = Verified(draft, verifiers[kind], int(ks[kind]))
+        # fixed k, no stop rule: no confidence stop, no copies from the prompt, drafting that costs nothing (so
+        # neither the cost cap nor the fallback ever stops it), no prefix cache
+        run = Verified(draft, verifiers[kind], int(ks[kind]), threshold=0.0, lookup=None,
+                       costs=Costs(draft=0.0, extra=0.0, fixed=True), prefixes=None)
         totals = {"drafted": 0, "accepted": 0, "passes": 0, "tokens": 0}
         started = time.perf_counter()
         for prompt in dev if kind == "e2e" else general:

@@ -44,6 +44,12 @@ class AdapterInfo:
         return self.config.get("spread", SPREAD)
 
     @property
+    def shared_cache(self) -> bool:
+        """A draft made for verified decoding's one cache (skipdecode/training/shared_cache.py): it reads its
+        verifier's keys and values, so it never decodes alone and `pick_adapter` never picks it."""
+        return bool(self.meta.get("shared_cache"))
+
+    @property
     def task(self) -> str:
         """What it was trained on: "e2e" (meaning representations) or "general" (chat prompts); adapters
         made before `skipdecode train --task` are E2E."""
@@ -133,7 +139,8 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
     if kind != E2E and speedup == 1:
         return None, f"base model: {what} at 1x (the full-depth reference)"
     base = base_model or DEFAULT_MODEL
-    candidates = [a for a in available_adapters() if same_base(a.base_model, base) and a.task == kind]
+    candidates = [a for a in available_adapters()
+                  if same_base(a.base_model, base) and a.task == kind and not a.shared_cache]
     if speedup is None:
         candidates = [a for a in candidates if a.one_for_all]
     elif kind != E2E:
@@ -153,6 +160,17 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
         return picked, f"{picked.name}: {what} at {at}"
     return picked, (f"{picked.name}: {what} at {run_speedup(picked, speedup):g}x, the nearest speedup an adapter "
                     f"was trained for ({at} asked: an adapter holds up only at the speedups it was trained for)")
+
+
+def shared_cache_draft(verifier: AdapterInfo | None, speedup: float) -> AdapterInfo | None:
+    """The draft trained to read `verifier`'s keys and values at `speedup` (None: none served): verified
+    decoding drafts with it rather than with the adapter made to decode alone, which reads its own skipped
+    entries in training and agrees with its verifier less often on the verifier's (docs/method.md)."""
+    if verifier is None:
+        return None
+    found = [a for a in available_adapters() if a.shared_cache and a.meta.get("verifier") == verifier.name and speedup in a.speedups
+             and same_base(a.base_model, verifier.base_model)]
+    return min(found, key=lambda a: a.name) if found else None
 
 
 def shared_speedup(served, fallback: float = 3.0) -> float:

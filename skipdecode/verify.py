@@ -427,13 +427,18 @@ def why(verification: Verification, full_ms_per_token: float | None) -> str:
 def for_prompt(prompt: str | None, speedup: float, model: str | None = None, device: str = "auto",
                dtype="auto", draft_tokens: int | None = None, task: str | None = None,
                horizon: int | None = None) -> tuple[Verified, Schedule, str]:
-    """The verified pair a comparison's "auto" runs for this prompt: the draft is the adapter picked for
-    `speedup` on its trained schedule, the verifier the one picked for 1x (e2e-1x for an E2E prompt, the base
-    model for a general one); and why, in words. On the 4-bit path both are adapters beside one packed base."""
-    from .adapters import pick_adapter, run_speedup, trained_schedule
+    """The verified pair a comparison's "auto" runs for this prompt: the verifier is the adapter picked for 1x
+    (e2e-1x for an E2E prompt, the base model for a general one), the draft the one trained to read that
+    verifier's cache at the speedup where one is served (adapters.shared_cache_draft), else the adapter picked
+    for `speedup`, on its trained schedule; and why, in words. On the 4-bit path both are adapters beside one
+    packed base."""
+    from .adapters import pick_adapter, run_speedup, shared_cache_draft, trained_schedule
 
-    draft_info, draft_why = pick_adapter(speedup, model, prompt, task)
     verify_info, verify_why = pick_adapter(1.0, model, prompt, task)
+    draft_info, draft_why = pick_adapter(speedup, model, prompt, task)
+    made = shared_cache_draft(verify_info, run_speedup(draft_info, speedup) if draft_info else speedup)
+    if made is not None:
+        draft_info, draft_why = made, f"{made.name}: trained to draft on {verify_info.name}'s keys and values"
     draft = Engine.load(model, device=device, dtype=dtype, adapter=draft_info)
     verifier = Engine.load(model, device=device, dtype=dtype, adapter=verify_info)
     at = run_speedup(draft_info, speedup)

@@ -12,10 +12,13 @@ draft of a round; later drafts also read the round's earlier drafts.
 
 Data: the E2E training split's MRs and references (one reference per MR an epoch); the devset validates
 (top-1 agreement with the verifier, the measure acceptance follows). Checkpoints every `--checkpoint-every`
-steps (adapter, optimizer, step): `--resume` goes on from the last one.
+steps (adapter, optimizer, step): `--resume` goes on from the last one. `--ship DIR` writes the last
+checkpoint as a served adapter: float16 like the others, and only the layers the draft runs (a third of
+them at 3x), with a record that names its verifier (adapters.shared_cache_draft finds it by that).
 
     python -m skipdecode.training.shared_cache --out checkpoints/runs/e2e-draft-3x --init e2e-all \\
         --teacher e2e-1x --speedup 3 --steps 300
+    python -m skipdecode.training.shared_cache --out checkpoints/runs/e2e-draft-3x --ship assets/adapters/e2e-draft-3x
 """
 
 from __future__ import annotations
@@ -99,6 +102,30 @@ def draft_positions(input_ids, prompt_lens, lengths):
     return (cols >= torch.tensor(prompt_lens)[:, None]) & (cols < lengths[:, None])
 
 
+def ship(run: Path, dest: Path) -> None:
+    """The run's last checkpoint as a served adapter in `dest`: its LoRA factors for the layers the draft runs,
+    in float16, peft's config told which layers they are, and the record with `shared_cache` and `verifier`."""
+    from safetensors.torch import load_file, save_file
+
+    from ..adapters import WEIGHTS, find_adapter, read_adapter, trained_schedule, write_record
+
+    meta = dict(read_adapter(run / "adapter").meta)
+    tensors = load_file(str(run / "adapter" / WEIGHTS))
+    layer_of = {key: int(key.split(".layers.")[1].split(".")[0]) for key in tensors}
+    layers = meta.get("layers") or list(  # a record written before it named them: the init's schedule
+        trained_schedule(find_adapter(meta["config"]["init"]), meta["config"]["speedup"], max(layer_of.values()) + 1).layers(0))
+    kept = {key: t.half().contiguous() for key, t in tensors.items() if layer_of[key] in layers}
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(kept, str(dest / WEIGHTS), metadata={"format": "pt"})
+    config = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    config.update(layers_to_transform=layers, inference_mode=True)
+    (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    meta.update(layers=sorted(layers), verifier=meta["config"]["teacher"], shared_cache=True,
+                init=meta["config"]["init"])
+    meta.pop("draft_for", None)
+    write_record(dest, meta)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -113,7 +140,11 @@ def main(argv=None) -> int:
     p.add_argument("--validation-examples", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--ship", metavar="DIR", help="write the last checkpoint of --out as a served adapter in DIR, and stop")
     args = p.parse_args(argv)
+    if args.ship:
+        ship(Path(args.out), Path(args.ship))
+        return 0
 
     from peft import PeftModel
 
@@ -192,7 +223,8 @@ def main(argv=None) -> int:
 
     def summary() -> dict:
         return {"base_model": loaded.name, "task": "e2e", "speedups": [args.speedup], "steps": step,
-                "train_minutes": round(seconds / 60, 1), "draft_for": init.name, "shared_cache": True,
+                "train_minutes": round(seconds / 60, 1), "init": init.name, "verifier": teacher_info.name,
+                "shared_cache": True, "layers": list(layers),
                 "config": {**vars(args), "warmup_layers": schedule.warmup, "horizon": init.config.get("horizon"),
                            "decay": schedule.decay, "mode": schedule.mode, "spread": init.spread,
                            "rank": student.peft_config["default"].r, "alpha": student.peft_config["default"].lora_alpha},
