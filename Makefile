@@ -30,11 +30,13 @@ clean:  ## remove .venv, the pytest cache and test-artifacts/
 	rm -rf $(VENV) .pytest_cache test-artifacts
 
 # The README's screenshots (docs/images/*.png), taken by the browser test against a real `python app.py`, on the
-# precision a visitor's CPU gets ("auto": the 4-bit default), not the tests' float32 (tests/conftest.py).
+# precision a visitor's CPU gets ("auto": the 4-bit default), not the tests' float32 (tests/conftest.py); then
+# in 256 colours (scripts/shrink_images.py), a third of the bytes.
 .PHONY: screenshots
 screenshots: $(STAMP)  ## the README's screenshots (docs/images/*.png), from the browser tests
 	bash scripts/setup_browser.sh
 	SKIPDECODE_DTYPE=auto SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py
+	$(PY) scripts/shrink_images.py docs/images
 
 # llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py): llama-cpp-python compiled from
 # source for this CPU, about 10 minutes on 2 cores; never part of `make install` or `make test`.

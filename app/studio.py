@@ -483,7 +483,11 @@ class Studio:
                                 why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
                                 decoding=decoding_name(sampling, beam), verified=bool(settings.verify))
         if comparison.verified:  # a fresh pair per request: the batcher runs it as a batch of one
-            engine = Verified(self.draft(full_choice, schedule) or engine, full_engine, draft_tokens_for(kind=kind))
+            draft = self.draft(full_choice, schedule)
+            if draft is not None:  # the page names the model that drafts
+                comparison.why = (f"{draft.adapter} drafts instead, trained to read {full_choice.adapter}'s keys and "
+                                  f"values", comparison.why[1])
+            engine = Verified(self.engine(draft) if draft else engine, full_engine, draft_tokens_for(kind=kind))
         skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:
@@ -497,14 +501,14 @@ class Studio:
         comparison.divergence_ms = (time.perf_counter() - started) * 1000.0
         yield comparison
 
-    def draft(self, verifier: ModelChoice, schedule: Schedule) -> Engine | None:
-        """The engine of a draft trained to read `verifier`'s cache (adapters.AdapterInfo.shared_cache) on this
-        very schedule, where one was in the adapters folder at start (None: the SkipDecode side drafts)."""
+    def draft(self, verifier: ModelChoice, schedule: Schedule) -> ModelChoice | None:
+        """A draft trained to read `verifier`'s cache (adapters.AdapterInfo.shared_cache) on this very
+        schedule, where one was in the adapters folder at start (None: the SkipDecode side drafts)."""
         for made in self.drafts:
             if made.meta.get("verifier") == verifier.adapter and any(
                     trained_schedule(made, s, schedule.num_layers) == schedule for s in made.speedups):
-                return self.engine(ModelChoice(f"{made.name} (draft)", self.base.model, made.name,
-                                               made.config.get("horizon"), made.spread, made.speedups, made.task))
+                return ModelChoice(f"{made.name} (draft for {verifier.adapter})", self.base.model, made.name,
+                                   made.config.get("horizon"), made.spread, made.speedups, made.task)
         return None
 
     def reference(self, model: str | None, prompt: str | None, choice: ModelChoice,

@@ -99,7 +99,7 @@ def cmd_generate(args) -> int:
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
     schedule = schedule_from_args(args, engine.num_layers, args.max_new_tokens, engine.adapter)
     if args.verify:
-        engine = verified(engine, args, beam)
+        engine = verified(engine, args, beam, schedule)
     live = not args.json and len(args.prompt) == 1 and beam.width == 1  # a search's best beam changes: no stream
     shown = [""]
 
@@ -144,11 +144,12 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def verified(draft, args, beam):
+def verified(draft, args, beam, schedule):
     """`--verify`: `draft` drafts under the schedule and full depth verifies: the model the app's full side
     runs (with --adapter, that adapter; else the one picked at 1x: e2e-1x for an E2E prompt, the base model
-    for any other)."""
-    from .adapters import pick_adapter
+    for any other). Without --adapter, a draft trained to read that verifier's cache on this very schedule
+    drafts instead where one is served (adapters.shared_cache_draft)."""
+    from .adapters import pick_adapter, shared_cache_draft, trained_schedule
     from .engine import Engine
     from .models import DEFAULT_MODEL
     from .verify import Verified, draft_tokens_for
@@ -160,8 +161,12 @@ def verified(draft, args, beam):
     else:
         adapter = pick_adapter(1.0, prompt=args.prompt[0])[0] if args.model in (None, DEFAULT_MODEL) else None
         verifier = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
+        made = shared_cache_draft(adapter, args.speedup) if args.speedup is not None else None
+        if made is not None and trained_schedule(made, args.speedup, draft.num_layers) == schedule:
+            draft = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=made)
     run = Verified(draft, verifier, draft_tokens_for(args.prompt[0]) if args.draft_tokens is None else args.draft_tokens)
-    print(f"[verify] {run.name}, up to {run.k} drafts a pass", file=sys.stderr)
+    drafter = f" (draft adapter {draft.adapter.name})" if draft.adapter is not None else ""
+    print(f"[verify] {run.name}{drafter}, up to {run.k} drafts a pass", file=sys.stderr)
     return run
 
 

@@ -24,7 +24,7 @@ def folder(tmp_path, monkeypatch):
     tiny_adapter(run / "adapter", base, speedups=(2.0,))
     record = run / "adapter" / "skipdecode.json"
     meta = json.loads(record.read_text())
-    meta["config"].update(init="d-all", teacher="v-1x", speedup=2.0)
+    meta["config"].update(init="d-all", teacher="v-1x", speedup=2.0, warmup_layers=2)  # the page's warm-up
     record.write_text(json.dumps({**meta, "shared_cache": True, "verifier": "v-1x", "layers": [0, 1, 5]}))
     monkeypatch.setenv(adapters.ADAPTERS_ENV, str(served))
     ship(run, served / "d-draft")
@@ -71,6 +71,36 @@ def test_the_app_lists_no_draft_and_drafts_with_it_on_its_schedule(folder):
     verifier = next(m for m in models if m.adapter == "v-1x")
     info = adapters.find_adapter("d-draft")
     schedule = trained_schedule(info, 2.0, 6)
-    assert studio.draft(verifier, schedule).adapter.name == "d-draft"
-    assert studio.draft(verifier, trained_schedule(info, 3.0, 6)) is None  # not the schedule it learned
+    draft = studio.draft(verifier, schedule)
+    assert draft.adapter == "d-draft" and studio.engine(draft).adapter.name == "d-draft"
+    assert studio.draft(verifier, trained_schedule(info, 1.5, 6)) is None  # not the schedule it learned
     assert studio.draft(next(m for m in models if m.adapter == "d-all"), schedule) is None
+
+
+def test_a_verified_comparison_drafts_with_it_and_says_so(folder):
+    from app.studio import AUTO, Settings, Studio, configured_models
+    from skipdecode.batcher import Batcher
+    from skipdecode.router import INSTRUCTION
+
+    base, _ = folder
+    studio = Studio(configured_models(str(base)), batcher=Batcher(window_s=0.0))
+    try:
+        final = list(studio.compare(INSTRUCTION + "name[The Punter], food[Italian]",
+                                    Settings(speedup=2.0, max_new_tokens=9, verify=True), AUTO))[-1]
+    finally:
+        studio.batcher.close()
+    assert "d-draft drafts instead, trained to read v-1x's keys and values" in final.why[0]
+    assert final.skip.token_ids == final.full.token_ids and final.skip.verification["drafted"] > 0
+
+
+def test_generate_verify_drafts_with_the_served_draft(cli):
+    """The bundled model, an E2E MR at 3x: e2e-all is picked, e2e-1x verifies, e2e-draft-3x (shipped in
+    assets/adapters) drafts, and the answer is full decoding's."""
+    from skipdecode.router import INSTRUCTION
+
+    prompt = INSTRUCTION + "name[The Punter], eatType[coffee shop], food[Italian], area[riverside]"
+    out = cli("generate", "--speedup", "3", "--verify", "--max-new-tokens", "12", "--json", "--prompt", prompt)
+    assert out.returncode == 0, out.stderr
+    assert "(draft adapter e2e-draft-3x)" in out.stderr
+    full = cli("generate", "--speedup", "1", "--max-new-tokens", "12", "--json", "--prompt", prompt)
+    assert json.loads(out.stdout)["outputs"][0]["token_ids"] == json.loads(full.stdout)["outputs"][0]["token_ids"]
