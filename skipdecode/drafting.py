@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 SKIPDECODE, PROMPT = "skipdecode", "prompt"  # the drafters (verify.py's Round.source names)
 
 # The confidence stop's threshold, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
-# (docs/results/draft-tuning-2026-11-29.json): the best of 0, 0.3, 0.5, 0.7 and 0.9 at k 4.
-THRESHOLD = 0.9
+# with the E2E draft made for the shared cache (docs/results/draft-tuning-trained-draft-2026-11-29.json): the
+# best of 0, 0.3, 0.5, 0.7 and 0.9 at k 4 with 2-token keys (0 and 0.3 tied: the one that still stops).
+THRESHOLD = 0.3
 PRIOR_ACCEPTANCE = 0.6  # a drafter's acceptance before its first verified draft
 SMOOTHING = 0.3  # weight of the newest observation in the rolling figures
 PROBE, MAX_PROBE = 8, 64  # plain steps between probes: at first, and at most after failed probes

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Sequence
 
 # n-gram lengths, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
-# (docs/results/draft-tuning-2026-11-29.json): keys of 2 tokens, else 1, the shortest within 1% of the best.
+# with the E2E draft made for the shared cache (docs/results/draft-tuning-trained-draft-2026-11-29.json): keys
+# of 2 tokens, the shortest within 1% of the best.
 NGRAM = 2
-MIN_NGRAM = 1
+MIN_NGRAM = 2
 
 
 class PromptLookup:

@@ -46,7 +46,7 @@ from .schedule import Schedule
 from .trace import StepRecord, Trace
 
 # The most drafts a round makes, by the kind of prompt: chosen by the rule in docs/method.md ("How much to draft")
-# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-2026-11-29.json): k 4 for both,
+# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-trained-draft-2026-11-29.json): k 4 for both,
 # within 1% of the best setting and the lowest k there. The drafting rules decide how many a round makes.
 DRAFT_TOKENS = {"e2e": 4, "general": 4}
 DEFAULT_DRAFT_TOKENS = DRAFT_TOKENS["general"]
