@@ -1,12 +1,13 @@
 """Tunes verified decoding's drafting rules (skipdecode/drafting.py, skipdecode/lookup.py) by a deterministic
-count, not a timer: the confidence threshold, prompt lookup's n-gram lengths and k.
+count, not a timer: the confidence threshold, prompt lookup's n-gram lengths, k and the fallback's window.
 
 Greedy verified decoding emits the verifier's answer whatever the rules, and the skipped model's drafts from a
 verified prefix are one fixed chain. So each tuning prompt is run once: the verifier's answer, and at every
 position the draft's chain of K_MAX drafts (on the shared cache, as skipdecode/verify.py drafts) with their
-top-1 probabilities. Each setting is then replayed on those records with skipdecode's own Pacing and
-PromptLookup, costs fixed (a draft step and each further verify position in full-depth steps, measured on
-this machine once), and scored by the decode's cost against full decoding's steps.
+top-1 probabilities (its LM head over the adapter's shortlist where one is shipped, as verify.py drafts).
+Each setting is then replayed on those records with skipdecode's own Pacing and PromptLookup, costs fixed
+(a draft step and each further verify position in full-depth steps, measured on this machine once for each
+kind's pair), and scored by the decode's cost against full decoding's steps.
 
     python experiments/draft_tuning.py --e2e 32 --general 16 --out /tmp/tuning.json
 """
@@ -28,7 +29,9 @@ def record(run, schedule, prompt: str, new_tokens: int) -> dict:
 
     from skipdecode.engine import Scheduled
     from skipdecode.prefix import forward
-    from skipdecode.verify import _cache, _draft_step
+    from skipdecode.sampling import Sampling
+    from skipdecode.shortlist import shortlist_head
+    from skipdecode.verify import _cache, _choose, _draft_step
 
     answer = run.verifier.generate([prompt], None, new_tokens).token_ids[0]
     ids = run.encode(prompt)
@@ -37,30 +40,35 @@ def record(run, schedule, prompt: str, new_tokens: int) -> dict:
     column = Scheduled(schedule)
     cache = _cache(dec, width)
     chains = []
+    head = shortlist_head(draft, run.shortlist)
+    vocab = head.request(ids + list(run.eos_ids)) if head is not None else None
     with torch.inference_mode():
         forward(dec, cache, ids + answer, 0, head=False)
         for n in range(1, len(answer)):
             start = P + n - 1
             cache.truncate(start)
+            if vocab is not None:
+                vocab.add(answer[:n])  # the answer's tokens join the draft's choices as they are emitted
             x = _draft_step(draft, cache, column, answer[n - 1], start, n - 1, width)
             chain, sure = [], []
             for j in range(K_MAX):
-                p = draft.logits(x[:, -1])[0].softmax(-1)
-                d = int(p.argmax())
-                chain.append(d), sure.append(round(float(p[d]), 4))
+                d, _, top = _choose(draft, vocab, x[:, -1], Sampling(), None)
+                chain.append(d), sure.append(round(top, 4))
                 if j + 1 < K_MAX:
                     x = _draft_step(draft, cache, column, d, start + j + 1, n + j, width)
             chains.append((chain, sure))
     return {"ids": ids, "answer": answer, "chains": chains, "new_tokens": new_tokens}
 
 
-def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs) -> tuple[float, int, int]:
-    """skipdecode/verify.py's rounds on a record: (cost in full-depth steps, tokens, drafts kept)."""
+def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs, window: int = 1,
+           state: dict | None = None) -> tuple[float, int, int, dict]:
+    """skipdecode/verify.py's rounds on a record, going on from the pacing `state` the pair's last request
+    left (verify.py's Costs.history): (cost in full-depth steps, tokens, drafts kept, the state it leaves)."""
     from skipdecode.drafting import PROMPT, SKIPDECODE, Pacing
     from skipdecode.lookup import PromptLookup
 
     ids, answer, chains = rec["ids"], rec["answer"], rec["chains"]
-    pacing = Pacing(k, costs, threshold)
+    pacing = Pacing(k, costs, threshold, window).resume(state)
     copier = PromptLookup(ids, *lookup) if lookup else None
     n, spent, kept_total = 1, 0.0, 0
     while n < len(answer):
@@ -93,7 +101,7 @@ def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs) -> tupl
         spent += steps * costs.draft + costs.pass_cost(len(drafts) + 1)
         kept_total += accepted
         n += emitted
-    return spent, len(answer) - 1, kept_total
+    return spent, len(answer) - 1, kept_total, pacing.state()
 
 
 def main(argv=None) -> int:
@@ -125,26 +133,35 @@ def main(argv=None) -> int:
                    "general": validation_prompts(tokenizer, VALIDATION_COUNT + args.general)[VALIDATION_COUNT:]}
         records = {kind: [record(*runs[kind], prompt, args.new_tokens) for prompt in prompts[kind]]
                    for kind in prompts}
-        run, schedule = runs["e2e"]
-        measured = run._costs(Scheduled(schedule)).to_dict()
+        measured = {kind: run._costs(Scheduled(schedule)).to_dict() for kind, (run, schedule) in runs.items()}
         if args.records:
             json.dump({"records": records, "costs": measured}, open(args.records, "w"))
-    costs = Costs(draft=measured["draft"], extra=measured["extra"], fixed=True)
+    costs = {kind: Costs(draft=m["draft"], extra=m["extra"], fixed=True) for kind, m in measured.items()}
     eos = set(runs["e2e"][0].eos_ids)
     rows = []
-    for k, threshold, lookup in itertools.product((4, 6, 8), (0.0, 0.3, 0.5, 0.7, 0.9),
-                                                  (None, (1, 1), (2, 1), (2, 2), (3, 2), (4, 3))):
-        row = {"k": k, "threshold": threshold, "lookup": lookup}
+    for k, threshold, lookup, window in itertools.product((4, 6, 8), (0.0, 0.3, 0.5, 0.7, 0.9),
+                                                          (None, (1, 1), (2, 1), (2, 2), (3, 2), (4, 3)), (1, 2, 3, 4)):
+        row = {"k": k, "threshold": threshold, "lookup": lookup, "window": window}
         for kind, recs in records.items():
-            spent, tokens, kept = map(sum, zip(*(replay(r, eos, k, threshold, lookup, costs) for r in recs)))
+            spent = tokens = kept = 0
+            state = None  # the prompts in turn, each going on from the last one's pacing, as verify.py does
+            for r in recs:
+                cost, n, accepted, state = replay(r, eos, k, threshold, lookup, costs[kind], window, state)
+                spent, tokens, kept = spent + cost, tokens + n, kept + accepted
             row[kind] = round(tokens / spent, 4)  # decode speed against full decoding's, in steps
         row["geomean"] = round((row["e2e"] * row["general"]) ** 0.5, 4)
         rows.append(row)
     rows.sort(key=lambda r: -r["geomean"])
     for row in rows[:12]:
         print(json.dumps(row))
+    # the rule: among the settings within 1% of the best, the lowest k, the shortest n-grams, the shortest
+    # window, the highest threshold
+    close = [r for r in rows if r["geomean"] >= 0.99 * rows[0]["geomean"]]
+    chosen = min(close, key=lambda r: (r["k"], r["lookup"][0] if r["lookup"] else 0,
+                                       r["lookup"][1] if r["lookup"] else 0, r["window"], -r["threshold"]))
+    print(f"{len(close)} settings within 1% of the best; chosen: {json.dumps(chosen)}")
     if args.out:
-        json.dump({"command": " ".join(["python", *sys.argv]), "costs": measured, "rows": rows},
+        json.dump({"command": " ".join(["python", *sys.argv]), "costs": measured, "chosen": chosen, "rows": rows},
                   open(args.out, "w"), indent=1)
     return 0
 

@@ -9,9 +9,11 @@ machine, or fixed for a test):
   gain, the chance that it and every draft before it are kept (the drafts' own top-1 probabilities, the
   drafter's rolling acceptance for the next), is at least what it costs: a draft step (none for a copy from
   the prompt) plus one more position of the verify pass;
-- the fallback: when the rounds that drafted yielded fewer tokens per unit of cost than a plain step (1),
-  plain full-depth steps run instead, and every `probe` of them a drafting round probes again; a failed
-  probe doubles the wait (up to MAX_PROBE), a paying one resumes drafting.
+- the fallback: when the last `window` rounds that drafted yielded fewer tokens per unit of cost than a plain
+  step (1), plain full-depth steps run instead, and after `probe` of them drafting probes again, judged
+  afresh over `window` rounds; a failed probe doubles the wait (up to MAX_PROBE), a paying one resumes
+  drafting. One round is a poor judge: at acceptance 0.8, a round of 4 drafts keeps at most one of them
+  about a third of the time.
 A request starts where the last one of the same pair left off (`Costs.history`): a short answer has too
 few rounds to learn on its own that drafting does not pay for prompts of its kind.
 """
@@ -23,13 +25,15 @@ from dataclasses import dataclass, field
 
 SKIPDECODE, PROMPT = "skipdecode", "prompt"  # the drafters (verify.py's Round.source names)
 
-# The confidence stop's threshold, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
-# with the E2E draft made for the shared cache (docs/results/draft-tuning-trained-draft-2026-11-29.json): the
-# best of 0, 0.3, 0.5, 0.7 and 0.9 at k 4 with 2-token keys (0 and 0.3 tied: the one that still stops).
-THRESHOLD = 0.3
+# The confidence stop's threshold and the fallback's window, chosen by the rule in docs/method.md ("How much to
+# draft") on tuning prompts with the E2E draft made for the shared cache and its shortlist
+# (docs/results/draft-tuning-shortlist-2026-11-29.json): of the settings within 1% of the best, the lowest k,
+# shortest n-grams, shortest window and highest threshold.
+THRESHOLD = 0.5
 PRIOR_ACCEPTANCE = 0.6  # a drafter's acceptance before its first verified draft
 SMOOTHING = 0.3  # weight of the newest observation in the rolling figures
 PROBE, MAX_PROBE = 8, 64  # plain steps between probes: at first, and at most after failed probes
+WINDOW = 2  # drafting rounds the fallback judges together
 
 
 @dataclass
@@ -102,30 +106,38 @@ class Pacing:
     k: int  # drafts a round at most
     costs: Costs
     threshold: float = THRESHOLD
+    window: int = WINDOW
     probe_every: int = PROBE
     acceptance: dict = field(default_factory=lambda: {SKIPDECODE: PRIOR_ACCEPTANCE, PROMPT: PRIOR_ACCEPTANCE})
-    rate: float | None = None  # tokens per unit of cost over recent drafting rounds (None: none yet)
+    recent: list = field(default_factory=list)  # [tokens, cost] of the last `window` drafting rounds
     plain_left: int = 0  # plain steps before the next probe
-    probing: bool = False
+    probing: bool = False  # the rounds in `recent` are a probe's, after plain steps
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per unit of cost over the recent drafting rounds (None: none yet)."""
+        return sum(t for t, _ in self.recent) / sum(c for _, c in self.recent) if self.recent else None
 
     def resume(self, state: dict | None) -> "Pacing":
-        """Go on from an earlier request's `state`: its drafters' acceptance, its rate, and the plain steps
-        left before its next probe (none when drafting paid)."""
+        """Go on from an earlier request's `state`: its drafters' acceptance, its recent rounds, and the
+        plain steps left before its next probe (none when drafting paid)."""
         if state:
-            self.acceptance, self.rate = dict(state["acceptance"]), state["rate"]
+            self.acceptance, self.recent = dict(state["acceptance"]), [list(r) for r in state["recent"]]
             self.probe_every, self.plain_left = state["probe_every"], state["plain_left"]
+            self.probing = state["probing"]
         return self
 
     def state(self) -> dict:
-        return {"acceptance": dict(self.acceptance), "rate": self.rate, "probe_every": self.probe_every,
-                "plain_left": self.plain_left}
+        return {"acceptance": dict(self.acceptance), "recent": [list(r) for r in self.recent], "rate": self.rate,
+                "probe_every": self.probe_every, "plain_left": self.plain_left, "probing": self.probing}
 
     def drafting(self) -> bool:
         """Whether this round runs the skipped model's drafts (else a plain step, or prompt copies only)."""
         if self.plain_left > 0:
             self.plain_left -= 1
+            if self.plain_left == 0:  # the next drafting rounds are a probe, judged on their own
+                self.recent, self.probing = [], True
             return False
-        self.probing = self.rate is not None and self.rate < 1.0
         return True
 
     def allows(self, source: str, sure: list[float]) -> bool:
@@ -150,10 +162,12 @@ class Pacing:
         if draft_steps == 0:  # a plain step or copies from the prompt: no verdict on the skipped model
             return
         cost = draft_steps * self.costs.draft + self.costs.pass_cost(len(drafts) + 1)
-        rate = emitted / cost
-        self.rate = rate if self.rate is None or self.probing else _mix(self.rate, rate)  # a probe starts afresh
+        self.recent = (self.recent + [[emitted, cost]])[-self.window:]
+        if len(self.recent) < self.window:  # too few rounds to judge
+            return
         if self.rate < 1.0:  # drafting does not pay: plain steps, a probe now and then
             self.plain_left = min(self.probe_every * 2, MAX_PROBE) if self.probing else self.probe_every
             self.probe_every = self.plain_left
         else:
             self.probe_every = PROBE
+        self.probing = False

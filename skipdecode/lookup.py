@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# n-gram lengths, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
-# with the E2E draft made for the shared cache (docs/results/draft-tuning-trained-draft-2026-11-29.json): keys
-# of 2 tokens, the shortest within 1% of the best.
-NGRAM = 2
-MIN_NGRAM = 2
+# n-gram lengths, chosen by the rule in docs/method.md ("How much to draft") on tuning prompts with the E2E
+# draft made for the shared cache and its shortlist (docs/results/draft-tuning-shortlist-2026-11-29.json):
+# keys of 4 tokens, down to 3, in the setting the rule chose.
+NGRAM = 4
+MIN_NGRAM = 3
 
 
 class PromptLookup:

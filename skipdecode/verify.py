@@ -43,12 +43,13 @@ from .lookup import MIN_NGRAM, NGRAM, PromptLookup
 from .prefix import VERIFIED_PREFIXES, PrefixCache, forward, prefill
 from .sampling import Sampling, next_tokens, probabilities
 from .schedule import Schedule
+from .shortlist import RequestVocabulary, load as load_shortlist, shortlist_head
 from .trace import StepRecord, Trace
 
 # The most drafts a round makes, by the kind of prompt: chosen by the rule in docs/method.md ("How much to draft")
-# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-trained-draft-2026-11-29.json): k 4 for both,
-# within 1% of the best setting and the lowest k there. The drafting rules decide how many a round makes.
-DRAFT_TOKENS = {"e2e": 4, "general": 4}
+# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-shortlist-2026-11-29.json): k 8 for
+# both, the lowest k within 1% of the best setting. The drafting rules decide how many a round makes.
+DRAFT_TOKENS = {"e2e": 8, "general": 8}
 DEFAULT_DRAFT_TOKENS = DRAFT_TOKENS["general"]
 
 
@@ -162,13 +163,16 @@ class Verified:
     confidence stop; `lookup`: prompt lookup's (longest, shortest) n-gram, or None for no copies from the
     prompt; `costs`: the cost model (default: measured on this machine once per verifier and draft budget);
     `prefixes`: the prefix cache the verifier's prefill reads and fills (default: verified decoding's own
-    store, prefix.VERIFIED_PREFIXES; None: none)."""
+    store, prefix.VERIFIED_PREFIXES; None: none); `shortlist`: the token ids the draft's LM head chooses
+    among, beside the request's own (skipdecode/shortlist.py; default "adapter": the one shipped with the
+    draft's adapter, if any; None: the whole vocabulary)."""
 
     batch_one = True  # the batcher runs each request as its own batch
 
     def __init__(self, draft: Engine, verifier: Engine, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
                  threshold: float = THRESHOLD, lookup: tuple[int, int] | None = (NGRAM, MIN_NGRAM),
-                 costs: Costs | None = None, prefixes: PrefixCache | None = VERIFIED_PREFIXES):
+                 costs: Costs | None = None, prefixes: PrefixCache | None = VERIFIED_PREFIXES,
+                 shortlist: list[int] | str | None = "adapter"):
         if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, numbers.Integral) or draft_tokens < 1:
             raise ValueError(f"draft tokens must be an integer >= 1; got {draft_tokens!r}")
         if not 0.0 <= threshold <= 1.0:
@@ -178,6 +182,10 @@ class Verified:
         self.draft, self.verifier, self.k = draft, verifier, int(draft_tokens)
         self.threshold, self.lookup, self.costs = float(threshold), lookup, costs
         self.prefixes = prefixes
+        if shortlist == "adapter":
+            adapter = getattr(draft, "adapter", None)
+            shortlist = load_shortlist(adapter.path) if adapter is not None else None
+        self.shortlist = shortlist
         self.name = f"{draft.name} drafts, {verifier.name} verifies"
         self.tokenizer, self.decoder, self.num_layers = verifier.tokenizer, verifier.decoder, verifier.num_layers
         self.eos_ids, self.pad_id = verifier.eos_ids, verifier.pad_id
@@ -211,6 +219,9 @@ class Verified:
         pair = (id(draft_dec), self.threshold)  # where this pair's last request left its pacing
         pacing = Pacing(self.k, costs, self.threshold).resume(costs.history.get(pair))
         lookup = PromptLookup(ids, *self.lookup) if self.lookup else None
+        head = shortlist_head(draft_dec, self.shortlist)
+        # the draft's choices: the shortlist, the request's tokens and the end of sequence
+        vocab = head.request(ids + list(self.eos_ids)) if head is not None else None
         cache = _cache(verify_dec, width)  # the one cache: the verifier's, which the draft reads
         generator = sampling.generator(verify_dec.device)
         trace = Trace(L, 1, P, {**schedule.to_dict(), "verified": True, "draft_tokens": self.k})
@@ -238,6 +249,8 @@ class Verified:
 
         done = emit(next_tokens(logits, sampling, generator).tolist(), [VERIFIER], [VERIFIER], 0.0)
         trace.steps.clear()  # the first token is the prefill's
+        if vocab is not None:
+            vocab.add(tokens)
         while not done:
             yield gen
             n = len(tokens)
@@ -266,11 +279,8 @@ class Verified:
                 x = _draft_step(draft_dec, cache, column, tokens[-1], start, n - 1, width)
                 steps = 1
                 while True:
-                    draft_logits = draft_dec.logits(x[:, -1])
-                    p = probabilities(draft_logits, sampling)[0] if not sampling.greedy else draft_logits[0].softmax(-1)
-                    d = int(next_tokens(draft_logits, sampling, generator))
-                    drafts.append(d), sources.append(SKIPDECODE), q.append(None if sampling.greedy else p)
-                    sure.append(float(p[d]))
+                    d, p, top = _choose(draft_dec, vocab, x[:, -1], sampling, generator)
+                    drafts.append(d), sources.append(SKIPDECODE), q.append(p), sure.append(top)
                     if stop_at_eos and d in self.eos_ids:
                         stop = "eos"
                     elif len(drafts) >= room:
@@ -307,6 +317,8 @@ class Verified:
             stats.verify_ms += verify_ms
             first = len(tokens)
             done = emit(kept, marks, sources, draft_ms + verify_ms)
+            if vocab is not None:
+                vocab.add(kept)
             cache.truncate(P + len(tokens) - 1)  # past an end of sequence or the limit nothing was kept
             stats.rounds.append(Round(first, len(drafts), accepted, len(tokens) - first,
                                       sources[0] if sources else NONE, draft_ms, verify_ms,
@@ -323,7 +335,8 @@ class Verified:
         if self.costs is not None:
             return self.costs
         dec, draft = self.verifier.decoder, self.draft.decoder
-        key = (len(column.schedule.layers(0)), self.k)
+        head = shortlist_head(draft, self.shortlist)
+        key = (len(column.schedule.layers(0)), self.k, None if head is None else len(head.ids))
         known = _MEASURED.setdefault(dec, {})
         if key not in known:
             width, at = self.k + 33, 32
@@ -337,7 +350,7 @@ class Verified:
             def run_draft():
                 scratch.truncate(at)
                 x = _draft_step(draft, scratch, column, self.pad_id, at, 0, width)
-                draft.logits(x[:, -1]).softmax(-1)
+                (draft.logits(x[:, -1]) if head is None else head.request(()).logits(draft, x[:, -1])).softmax(-1)
 
             scratch.lengths = [at] * dec.num_layers
             with torch.inference_mode():
@@ -346,7 +359,18 @@ class Verified:
         return known[key]
 
 
-_MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier decoder -> {(draft layers, k): Costs}
+_MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier decoder -> {(draft layers, k, shortlist size): Costs}
+
+
+def _choose(dec, vocab: RequestVocabulary | None, x: torch.Tensor, sampling: Sampling, generator):
+    """The draft after hidden state x [1, hidden] (its LM head over `vocab`, or the whole vocabulary): the token,
+    its distribution over the whole vocabulary q for sampling (None when greedy) and its top-1 probability."""
+    logits = dec.logits(x) if vocab is None else vocab.logits(dec, x)
+    p = logits[0].softmax(-1) if sampling.greedy else probabilities(logits, sampling)[0]
+    j = int(next_tokens(logits, sampling, generator))
+    d = j if vocab is None else int(vocab.ids[j])
+    q = None if sampling.greedy else (p if vocab is None else vocab.spread(p))
+    return d, q, float(p[j])
 
 
 def accept(logits: torch.Tensor, drafts: list[int], q: list, sampling: Sampling,

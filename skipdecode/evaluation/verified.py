@@ -75,13 +75,16 @@ def _margin(run, prompt, prefix) -> float:
 
 # ---- speed ----------------------------------------------------------------------------------------
 def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: int = 64, repeats: int = 3,
-          hf_peer: bool = True, hf_prompts: int = 8, prefix: bool = True, say=print) -> list[dict]:
+          hf_peer: bool = True, hf_prompts: int = 8, prefix: bool = True, whole_head: bool = False,
+          say=print) -> list[dict]:
     """Rows: per prompt set, full decoding and "skipdecode-verified" at each speedup and k (None: the kind's
     DRAFT_TOKENS), end to end (from the request to the last token: the prefill, EOS stops), greedy, batch 1.
     `repeats` passes over the prompts after a warm-up on the first one; in each pass every prompt runs all
     cases in turns (the order rotating), and every case has its own prefix cache, emptied at each pass's
     start (`prefix`: on), so that each side sees the same earlier requests. Ratios to full decoding inside
-    each pass; the rows give the worst pass and the best, and the worst prompt (its median over passes)."""
+    each pass; the rows give the worst pass and the best, and the worst prompt (its median over passes).
+    `whole_head`: also a row whose draft chooses from the whole vocabulary where its adapter ships a
+    shortlist (skipdecode/shortlist.py), "skipdecode-verified-whole-head", in the same turns."""
     from ..prefix import PrefixCache
     from ..verify import draft_tokens_for
 
@@ -94,6 +97,9 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
                 k = draft_tokens_for(kind=kind) if k is None else k
                 run, schedule = loaded[s]
                 cases[("skipdecode-verified", s, k)] = (Verified(run.draft, run.verifier, k, prefixes=None), schedule)
+                if whole_head and run.shortlist:
+                    cases[("skipdecode-verified-whole-head", s, k)] = (
+                        Verified(run.draft, run.verifier, k, prefixes=None, shortlist=None), schedule)
         verifier = next(iter(loaded.values()))[0].verifier
         names = list(cases)
         ms = {case: [[0.0] * len(prompts) for _ in range(repeats)] for case in names}
@@ -240,7 +246,7 @@ def cmd_bench_verified(args) -> int:
     ks = tuple(None if k == "auto" else int(k) for k in args.draft_tokens.split(","))
     speedups = tuple(float(s) for s in args.speedups.split(","))
     rows = bench(prompts, speedups, ks, args.new_tokens, args.repeats, not args.no_hf, args.hf_prompts,
-                 not args.no_prefix_cache, say)
+                 not args.no_prefix_cache, args.whole_head, say)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "machine": before,
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
     print(json.dumps(report) if args.json else f"{before['cpu']}, load {before['load_average']}\n{markdown(rows)}")
@@ -280,6 +286,8 @@ def register(subparsers) -> None:
             p.add_argument("--no-prefix-cache", action="store_true",
                            help="every prefill runs the whole prompt (default: each side its own prefix cache)")
             p.add_argument("--no-hf", action="store_true", help="skip transformers' assistant_early_exit peer")
+            p.add_argument("--whole-head", action="store_true",
+                           help="also a row whose draft's LM head is the whole vocabulary, where a shortlist is shipped")
             p.add_argument("--hf-prompts", type=int, default=8, help="prompts of each set the peer runs (it is slow)")
         else:
             p.add_argument("--speedup", type=float, default=3.0)
