@@ -104,6 +104,21 @@ def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs, window:
     return spent, len(answer) - 1, kept_total, pacing.state()
 
 
+def measure(run, schedule, rounds: int) -> dict:
+    """The pair's cost model (verify.py's own measurement), taken `rounds` times on a quiet machine: the median
+    of each figure, so that one measurement caught by a change in the machine's speed does not pick the rules."""
+    from statistics import median
+
+    from skipdecode.engine import Scheduled
+    from skipdecode.verify import _MEASURED
+
+    taken = []
+    for _ in range(rounds):
+        _MEASURED.clear()
+        taken.append(run._costs(Scheduled(schedule)).to_dict())
+    return {name: round(median(t[name] for t in taken), 4) for name in ("draft", "extra", "step_ms")} | {"taken": taken}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--e2e", type=int, default=32, help="E2E devset MRs (distinct, file order)")
@@ -112,6 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--records", default=None, help="a JSON file of records to reuse (written when missing)")
     p.add_argument("--out", default=None)
+    p.add_argument("--cost-rounds", type=int, default=5, help="measurements of the costs (the median is used)")
     args = p.parse_args(argv)
 
     import torch
@@ -125,17 +141,16 @@ def main(argv=None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     runs = {kind: for_prompt(None, args.speedup, task=kind)[:2] for kind in ("e2e", "general")}
     if args.records and os.path.exists(args.records):
-        saved = json.load(open(args.records))
-        records, measured = saved["records"], saved["costs"]
+        records = json.load(open(args.records))["records"]
     else:
         tokenizer = Engine.load().tokenizer
         prompts = {"e2e": list(dict.fromkeys(i.prompt for i in eval_items(split="dev")))[:args.e2e],
                    "general": validation_prompts(tokenizer, VALIDATION_COUNT + args.general)[VALIDATION_COUNT:]}
         records = {kind: [record(*runs[kind], prompt, args.new_tokens) for prompt in prompts[kind]]
                    for kind in prompts}
-        measured = {kind: run._costs(Scheduled(schedule)).to_dict() for kind, (run, schedule) in runs.items()}
         if args.records:
-            json.dump({"records": records, "costs": measured}, open(args.records, "w"))
+            json.dump({"records": records}, open(args.records, "w"))
+    measured = {kind: measure(run, schedule, args.cost_rounds) for kind, (run, schedule) in runs.items()}
     costs = {kind: Costs(draft=m["draft"], extra=m["extra"], fixed=True) for kind, m in measured.items()}
     eos = set(runs["e2e"][0].eos_ids)
     rows = []

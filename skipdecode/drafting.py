@@ -11,8 +11,9 @@ machine, or fixed for a test):
   the prompt) plus one more position of the verify pass;
 - the fallback: when the last `window` rounds that drafted yielded fewer tokens per unit of cost than a plain
   step (1), plain full-depth steps run instead, and after `probe` of them drafting probes again, judged
-  afresh over `window` rounds; a failed probe doubles the wait (up to MAX_PROBE), a paying one resumes
-  drafting. One round is a poor judge: at acceptance 0.8, a round of 4 drafts keeps at most one of them
+  afresh over `window` rounds (or at once, when a probing round's first draft is rejected: a draft that is
+  always wrong then costs one round a probe); a failed probe doubles the wait (up to MAX_PROBE), a paying
+  one resumes drafting. One round is a poor judge: at acceptance 0.8, a round of 4 drafts keeps at most one of them
   about a third of the time.
 A request starts where the last one of the same pair left off (`Costs.history`): a short answer has too
 few rounds to learn on its own that drafting does not pay for prompts of its kind.
@@ -29,7 +30,7 @@ SKIPDECODE, PROMPT = "skipdecode", "prompt"  # the drafters (verify.py's Round.s
 # draft") on tuning prompts with the E2E draft made for the shared cache and its shortlist
 # (docs/results/draft-tuning-shortlist-2026-11-29.json): of the settings within 1% of the best, the lowest k,
 # shortest n-grams, shortest window and highest threshold.
-THRESHOLD = 0.5
+THRESHOLD = 0.7
 PRIOR_ACCEPTANCE = 0.6  # a drafter's acceptance before its first verified draft
 SMOOTHING = 0.3  # weight of the newest observation in the rolling figures
 PROBE, MAX_PROBE = 8, 64  # plain steps between probes: at first, and at most after failed probes
@@ -73,18 +74,17 @@ class Costs:
         self._draft_ms = each if self._draft_ms is None else _mix(self._draft_ms, each)
         self.draft = self._draft_ms / self.step_ms
 
-    def measure(self, run_pass, run_draft, positions: int, repeats: int = 3) -> "Costs":
+    def measure(self, run_pass, run_draft, positions: int, repeats: int = 5) -> "Costs":
         """This machine's figures: the fastest of `repeats` timings of `run_pass(1)`, `run_pass(positions)`
-        and `run_draft()` (callables that run one full-depth pass, one draft step)."""
-        def fastest(fn, *args):
-            times = []
-            for _ in range(repeats):
+        and `run_draft()` (callables that run one full-depth pass, one draft step), taken in turns so that a
+        change in the machine's speed touches all three alike."""
+        times = {"one": [], "wide": [], "draft": []}
+        for _ in range(repeats):
+            for name, fn, args in (("one", run_pass, (1,)), ("wide", run_pass, (positions,)), ("draft", run_draft, ())):
                 started = time.perf_counter()
                 fn(*args)
-                times.append((time.perf_counter() - started) * 1000.0)
-            return min(times)
-
-        one, wide, draft = fastest(run_pass, 1), fastest(run_pass, positions), fastest(run_draft)
+                times[name].append((time.perf_counter() - started) * 1000.0)
+        one, wide, draft = (min(times[name]) for name in ("one", "wide", "draft"))
         self.step_ms, self._draft_ms = one, draft
         self._extra_ms = max(wide - one, 0.0) / max(positions - 1, 1)
         self.draft, self.extra = draft / one, self._extra_ms / one
@@ -163,7 +163,8 @@ class Pacing:
             return
         cost = draft_steps * self.costs.draft + self.costs.pass_cost(len(drafts) + 1)
         self.recent = (self.recent + [[emitted, cost]])[-self.window:]
-        if len(self.recent) < self.window:  # too few rounds to judge
+        missed = self.probing and kept == 0 and drafts[0] == SKIPDECODE  # a probe whose first draft failed
+        if len(self.recent) < self.window and not missed:  # too few rounds to judge
             return
         if self.rate < 1.0:  # drafting does not pay: plain steps, a probe now and then
             self.plain_left = min(self.probe_every * 2, MAX_PROBE) if self.probing else self.probe_every

@@ -22,10 +22,10 @@ import torch
 FILE = "shortlist.json"  # in an adapter's folder: {"ids": [...], "counted_on": "..."}, most frequent first
 
 
-def count(texts: Iterable[str], tokenizer, size: int) -> list[int]:
-    """The `size` most frequent token ids of `texts`, most frequent first (ties by id)."""
-    counts = Counter(i for text in texts for i in tokenizer(text, add_special_tokens=False)["input_ids"])
-    return [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]]
+def count(sequences: Iterable[Iterable[int]], size: int | None = None) -> list[int]:
+    """The `size` most frequent token ids of `sequences` (None: all), most frequent first (ties by id)."""
+    counts = Counter(i for ids in sequences for i in ids)
+    return [int(t) for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]]
 
 
 def load(folder: str | Path | None) -> list[int] | None:

@@ -47,9 +47,9 @@ from .shortlist import RequestVocabulary, load as load_shortlist, shortlist_head
 from .trace import StepRecord, Trace
 
 # The most drafts a round makes, by the kind of prompt: chosen by the rule in docs/method.md ("How much to draft")
-# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-shortlist-2026-11-29.json): k 8 for
+# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-shortlist-2026-11-29.json): k 4 for
 # both, the lowest k within 1% of the best setting. The drafting rules decide how many a round makes.
-DRAFT_TOKENS = {"e2e": 8, "general": 8}
+DRAFT_TOKENS = {"e2e": 4, "general": 4}
 DEFAULT_DRAFT_TOKENS = DRAFT_TOKENS["general"]
 
 

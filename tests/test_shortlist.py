@@ -31,12 +31,8 @@ def engines():
 
 
 def test_count_ranks_by_frequency_then_id():
-    class Words:
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [int(w) for w in text.split()]}
-
-    assert count(["7 3 3", "9 7 3", "1"], Words(), 3) == [3, 7, 1]
-    assert count(["7 3 3", "9 7 3", "1"], Words(), 10) == [3, 7, 1, 9]
+    assert count([[7, 3, 3], [9, 7, 3], [1]], 3) == [3, 7, 1]
+    assert count([[7, 3, 3], [9, 7, 3], [1]]) == [3, 7, 1, 9]
 
 
 def test_load_reads_the_adapters_file(tmp_path):

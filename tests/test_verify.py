@@ -143,7 +143,8 @@ class WrongDraft:
 
 def test_fallback_costs_a_draft_that_is_always_wrong_a_few_percent(engines):
     """Counted in full-depth steps (fixed costs: a draft step 0.4, each further verify position 0.15), not
-    timed: 200 tokens cost at most 3% more than full decoding's 199 steps after the prefill."""
+    timed: 200 tokens cost at most 4% more than full decoding's 199 steps after the prefill (the fallback's
+    first verdict waits for a window of drafting rounds; each probe after it costs one round)."""
     from skipdecode.drafting import Costs
 
     verifier = engines[0]
@@ -156,7 +157,7 @@ def test_fallback_costs_a_draft_that_is_always_wrong_a_few_percent(engines):
     v = got.verification
     assert v.accepted == 0 and v.plain_steps > 150
     spent = sum((r.drafted - r.prompt_drafts) * costs.draft + costs.pass_cost(r.drafted + 1) for r in v.rounds)
-    assert spent <= 1.03 * 199, spent
+    assert spent <= 1.04 * 199, spent
     # drafting resumes when it pays: a draft that agrees is never sent to plain steps
     agrees = Verified(engines[1], verifier, 4, threshold=0.0, lookup=None, costs=costs)
     v = agrees.generate([PROMPT], FULL, 60, stop_at_eos=False).verification

@@ -76,7 +76,7 @@ def _margin(run, prompt, prefix) -> float:
 # ---- speed ----------------------------------------------------------------------------------------
 def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: int = 64, repeats: int = 3,
           hf_peer: bool = True, hf_prompts: int = 8, prefix: bool = True, whole_head: bool = False,
-          say=print) -> list[dict]:
+          control: bool = False, say=print) -> list[dict]:
     """Rows: per prompt set, full decoding and "skipdecode-verified" at each speedup and k (None: the kind's
     DRAFT_TOKENS), end to end (from the request to the last token: the prefill, EOS stops), greedy, batch 1.
     `repeats` passes over the prompts after a warm-up on the first one; in each pass every prompt runs all
@@ -84,7 +84,9 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
     start (`prefix`: on), so that each side sees the same earlier requests. Ratios to full decoding inside
     each pass; the rows give the worst pass and the best, and the worst prompt (its median over passes).
     `whole_head`: also a row whose draft chooses from the whole vocabulary where its adapter ships a
-    shortlist (skipdecode/shortlist.py), "skipdecode-verified-whole-head", in the same turns."""
+    shortlist (skipdecode/shortlist.py), "skipdecode-verified-whole-head", in the same turns. `control`: full
+    decoding again as a case of its own ("full-again"): its ratios to full decoding are this machine's noise,
+    the floor under which no per-prompt ratio means anything."""
     from ..prefix import PrefixCache
     from ..verify import draft_tokens_for
 
@@ -92,6 +94,8 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
     for kind, prompts in prompts_by_kind.items():
         loaded = {s: for_prompt(None, s, task=kind)[:2] for s in speedups}  # engines loaded once per speedup
         cases = {("full", 1.0, None): None}
+        if control:
+            cases[("full-again", 1.0, None)] = None
         for s in speedups:
             for k in draft_tokens:
                 k = draft_tokens_for(kind=kind) if k is None else k
@@ -133,6 +137,7 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
         base = ms[("full", 1.0, None)]
         for case in names:
             method, speedup, k = case
+            verified = cases[case] is not None
             t = stats[case]
             totals = [sum(ms[case][r]) for r in range(repeats)]
             ratios = [sum(base[r]) / totals[r] for r in range(repeats)]
@@ -145,9 +150,9 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
                    "tokens_per_s": _rate(t["tokens"] - len(prompts), t["decode_ms"]),
                    "prefix_share": round(t["prefix"] / t["prompt_tokens"], 3) if t["prompt_tokens"] else None,
                    "acceptance_rate": round(t["accepted"] / t["drafted"], 4) if t["drafted"] else None,
-                   "passes_per_token": round(t["passes"] / t["tokens"], 4) if method != "full" else 1.0,
-                   "plain_steps": t["plain"] if method != "full" else None,
-                   "prompt_copies_kept": f"{t['copies_kept']}/{t['copied']}" if method != "full" else None,
+                   "passes_per_token": round(t["passes"] / t["tokens"], 4) if verified else 1.0,
+                   "plain_steps": t["plain"] if verified else None,
+                   "prompt_copies_kept": f"{t['copies_kept']}/{t['copied']}" if verified else None,
                    "identical": f"{t['same']}/{len(prompts)}"}
             rows.append(row)
         if hf_peer:
@@ -246,7 +251,7 @@ def cmd_bench_verified(args) -> int:
     ks = tuple(None if k == "auto" else int(k) for k in args.draft_tokens.split(","))
     speedups = tuple(float(s) for s in args.speedups.split(","))
     rows = bench(prompts, speedups, ks, args.new_tokens, args.repeats, not args.no_hf, args.hf_prompts,
-                 not args.no_prefix_cache, args.whole_head, say)
+                 not args.no_prefix_cache, args.whole_head, args.control, say)
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "machine": before,
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
     print(json.dumps(report) if args.json else f"{before['cpu']}, load {before['load_average']}\n{markdown(rows)}")
@@ -286,6 +291,8 @@ def register(subparsers) -> None:
             p.add_argument("--no-prefix-cache", action="store_true",
                            help="every prefill runs the whole prompt (default: each side its own prefix cache)")
             p.add_argument("--no-hf", action="store_true", help="skip transformers' assistant_early_exit peer")
+            p.add_argument("--control", action="store_true",
+                           help="full decoding twice: the second's ratios to the first are the machine's noise")
             p.add_argument("--whole-head", action="store_true",
                            help="also a row whose draft's LM head is the whole vocabulary, where a shortlist is shipped")
             p.add_argument("--hf-prompts", type=int, default=8, help="prompts of each set the peer runs (it is slow)")

@@ -126,19 +126,6 @@ def ship(run: Path, dest: Path) -> None:
     write_record(dest, meta)
 
 
-def write_shortlist(dest: Path, size: int, data=None) -> None:
-    """shortlist.json in `dest`: the `size` most frequent tokens of the E2E training split's references, the
-    draft's LM head's choices in verified decoding (skipdecode/shortlist.py)."""
-    from ..evaluation.data import training_split
-    from ..models import load_model
-    from ..shortlist import FILE, count
-
-    texts = [ref for item in training_split(data)[0] for ref in item.refs]
-    ids = count(texts, load_model(None, dtype="float32").tokenizer, size)
-    record = {"ids": ids, "counted_on": f"the E2E NLG training split's {len(texts)} references"}
-    (dest / FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -154,13 +141,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--ship", metavar="DIR", help="write the last checkpoint of --out as a served adapter in DIR, and stop")
-    p.add_argument("--shortlist", type=int, metavar="N",
-                   help="with --ship: its draft head's N tokens, the training split's most frequent (shortlist.json)")
     args = p.parse_args(argv)
     if args.ship:
         ship(Path(args.out), Path(args.ship))
-        if args.shortlist:
-            write_shortlist(Path(args.ship), args.shortlist)
         return 0
 
     from peft import PeftModel
