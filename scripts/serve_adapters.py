@@ -24,6 +24,7 @@ from pathlib import Path
 
 from skipdecode.adapters import (RECORD, WEIGHTS, adapters_dir, available_adapters, read_adapter, weights_digest,
                                  write_record)
+from skipdecode.shortlist import FILE as SHORTLIST
 from skipdecode.training.train import finish_adapter, write_card
 
 FILES = ("adapter_config.json", WEIGHTS, RECORD)
@@ -38,11 +39,16 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
     served = []
     for run, name in pairs:
         dest = folder / name
+        # a draft's shortlist (skipdecode/shortlist.py) is counted on its task's targets, not on the weights:
+        # the adapter that replaces it keeps it
+        shortlist = (dest / SHORTLIST).read_bytes() if (dest / SHORTLIST).exists() else None
         if dest.exists():
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
         for file in FILES:
             shutil.copy2(Path(run) / file, dest / file)
+        if shortlist is not None:
+            (dest / SHORTLIST).write_bytes(shortlist)
         meta = read_adapter(dest).meta
         for key in ("init", "teacher"):
             ancestor = meta["config"].get(key)

@@ -114,3 +114,16 @@ def test_the_card_of_a_served_snapshot_says_it_stopped_short_of_its_schedule(tmp
     steps = json.loads((runs / "cut" / "skipdecode.json").read_text())["steps"]
     assert f"{steps} steps (a snapshot of a {steps + 101}-step schedule) of batch" in (served / "cut" / "README.md").read_text()
     assert "snapshot" not in (served / "whole" / "README.md").read_text()
+
+
+def test_a_replaced_draft_keeps_its_shortlist(tmp_path):
+    """A shortlist is counted on the task's targets, not on the weights: serving a new run keeps it."""
+    runs, served = tmp_path / "runs", tmp_path / "adapters"
+    shutil.copytree(adapters.find_adapter("general-3x").path, served / "general-3x")
+    shutil.copytree(adapters.find_adapter("general-3x").path, runs / "next")
+    (runs / "next" / "shortlist.json").unlink()
+    before = (served / "general-3x" / "shortlist.json").read_bytes()
+    _script().serve([(runs / "next", "general-3x")], served)
+    assert (served / "general-3x" / "shortlist.json").read_bytes() == before
+    _script().serve([(runs / "next", "general-new")], served)  # a new name: nothing to keep
+    assert not (served / "general-new" / "shortlist.json").exists()

@@ -107,13 +107,12 @@ def ship(run: Path, dest: Path) -> None:
     in float16, peft's config told which layers they are, and the record with `shared_cache` and `verifier`."""
     from safetensors.torch import load_file, save_file
 
-    from ..adapters import WEIGHTS, find_adapter, read_adapter, trained_schedule, write_record
+    from ..adapters import WEIGHTS, read_adapter, write_record
 
     meta = dict(read_adapter(run / "adapter").meta)
     tensors = load_file(str(run / "adapter" / WEIGHTS))
     layer_of = {key: int(key.split(".layers.")[1].split(".")[0]) for key in tensors}
-    layers = meta.get("layers") or list(  # a record written before it named them: the init's schedule
-        trained_schedule(find_adapter(meta["config"]["init"]), meta["config"]["speedup"], max(layer_of.values()) + 1).layers(0))
+    layers = meta["layers"]  # the layers the draft runs, which the training run's record names
     kept = {key: t.half().contiguous() for key, t in tensors.items() if layer_of[key] in layers}
     dest.mkdir(parents=True, exist_ok=True)
     save_file(kept, str(dest / WEIGHTS), metadata={"format": "pt"})
@@ -122,7 +121,6 @@ def ship(run: Path, dest: Path) -> None:
     (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
     meta.update(layers=sorted(layers), verifier=meta["config"]["teacher"], shared_cache=True,
                 init=meta["config"]["init"])
-    meta.pop("draft_for", None)
     write_record(dest, meta)
 
 
