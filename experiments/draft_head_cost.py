@@ -23,14 +23,13 @@ def main(argv=None) -> int:
 
     from skipdecode.engine import Scheduled
     from skipdecode.evaluation.bench import machine
-    from skipdecode.evaluation.data import training_split
     from skipdecode.shortlist import count
+    from skipdecode.training.shortlists import e2e_targets
     from skipdecode.verify import Verified, _MEASURED, for_prompt
 
     run, schedule = for_prompt(None, args.speedup, task="e2e")[:2]
-    texts = [ref for item in training_split()[0] for ref in item.refs]
-    ranked = count(texts, run.tokenizer, max(int(s) for s in args.sizes.split(",")))
     sizes = [int(s) for s in args.sizes.split(",")]
+    ranked = count(e2e_targets(run.tokenizer)[0], max(sizes))
     out = {size: [] for size in sizes}
     for r in range(args.rounds):
         for size in sizes:
