@@ -30,7 +30,6 @@ def record(run, schedule, prompt: str, new_tokens: int) -> dict:
     from skipdecode.engine import Scheduled
     from skipdecode.prefix import forward
     from skipdecode.sampling import Sampling
-    from skipdecode.shortlist import shortlist_head
     from skipdecode.verify import _cache, _choose, _draft_step
 
     answer = run.verifier.generate([prompt], None, new_tokens).token_ids[0]
@@ -40,8 +39,7 @@ def record(run, schedule, prompt: str, new_tokens: int) -> dict:
     column = Scheduled(schedule)
     cache = _cache(dec, width)
     chains = []
-    head = shortlist_head(draft, run.shortlist)
-    vocab = head.request(ids + list(run.eos_ids)) if head is not None else None
+    vocab = run.vocabulary(ids)  # the draft's choices, as verify.py makes them
     with torch.inference_mode():
         forward(dec, cache, ids + answer, 0, head=False)
         for n in range(1, len(answer)):

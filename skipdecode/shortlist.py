@@ -55,8 +55,7 @@ class ShortlistHead:
             self.exact, self.bias = head.weight, head.bias
             self.head = Linear(head.weight[self.ids].contiguous(),
                                None if head.bias is None else head.bias[self.ids].contiguous(), head.packed is not None)
-        self.member = torch.zeros(vocab, dtype=torch.bool)
-        self.member[self.ids] = True
+        self.members = frozenset(self.ids.tolist())
         self.vocab = vocab
 
     def request(self, tokens: Iterable[int]) -> "RequestVocabulary":
@@ -74,8 +73,7 @@ class RequestVocabulary:
 
     def add(self, tokens: Iterable[int]) -> None:
         """Tokens of the request (prompt, or answer so far) that the shortlist lacks join the vocabulary."""
-        new = sorted({int(t) for t in tokens if 0 <= int(t) < self.head.vocab and not self.head.member[int(t)]}
-                     - set(self.extra))
+        new = sorted({int(t) for t in tokens if 0 <= int(t) < self.head.vocab} - self.head.members - set(self.extra))
         if not new:
             return
         self.extra += new

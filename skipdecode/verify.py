@@ -186,6 +186,7 @@ class Verified:
             adapter = getattr(draft, "adapter", None)
             shortlist = load_shortlist(adapter.path) if adapter is not None else None
         self.shortlist = shortlist
+        self.draft_head = shortlist_head(draft.decoder, shortlist)  # the draft's LM head over it (None: the whole head)
         self.name = f"{draft.name} drafts, {verifier.name} verifies"
         self.tokenizer, self.decoder, self.num_layers = verifier.tokenizer, verifier.decoder, verifier.num_layers
         self.eos_ids, self.pad_id = verifier.eos_ids, verifier.pad_id
@@ -193,6 +194,11 @@ class Verified:
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         return self.verifier.encode(prompt, chat)
+
+    def vocabulary(self, ids: list[int]) -> RequestVocabulary | None:
+        """What the draft chooses among for a request of prompt `ids`: the shortlist, the prompt's tokens and
+        the end of sequence (the answer's join as they are emitted); None: the whole vocabulary."""
+        return self.draft_head.request(ids + list(self.eos_ids)) if self.draft_head is not None else None
 
     generate = Engine.generate  # the same loop over `stream` as an engine's
 
@@ -219,9 +225,7 @@ class Verified:
         pair = (id(draft_dec), self.threshold)  # where this pair's last request left its pacing
         pacing = Pacing(self.k, costs, self.threshold).resume(costs.history.get(pair))
         lookup = PromptLookup(ids, *self.lookup) if self.lookup else None
-        head = shortlist_head(draft_dec, self.shortlist)
-        # the draft's choices: the shortlist, the request's tokens and the end of sequence
-        vocab = head.request(ids + list(self.eos_ids)) if head is not None else None
+        vocab = self.vocabulary(ids)
         cache = _cache(verify_dec, width)  # the one cache: the verifier's, which the draft reads
         generator = sampling.generator(verify_dec.device)
         trace = Trace(L, 1, P, {**schedule.to_dict(), "verified": True, "draft_tokens": self.k})
@@ -335,8 +339,7 @@ class Verified:
         if self.costs is not None:
             return self.costs
         dec, draft = self.verifier.decoder, self.draft.decoder
-        head = shortlist_head(draft, self.shortlist)
-        key = (len(column.schedule.layers(0)), self.k, None if head is None else len(head.ids))
+        key = (len(column.schedule.layers(0)), self.k, None if self.draft_head is None else len(self.draft_head.ids))
         known = _MEASURED.setdefault(dec, {})
         if key not in known:
             width, at = self.k + 33, 32
@@ -350,7 +353,8 @@ class Verified:
             def run_draft():
                 scratch.truncate(at)
                 x = _draft_step(draft, scratch, column, self.pad_id, at, 0, width)
-                (draft.logits(x[:, -1]) if head is None else head.request(()).logits(draft, x[:, -1])).softmax(-1)
+                vocab = self.vocabulary([])
+                (draft.logits(x[:, -1]) if vocab is None else vocab.logits(draft, x[:, -1])).softmax(-1)
 
             scratch.lengths = [at] * dec.num_layers
             with torch.inference_mode():
