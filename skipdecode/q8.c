@@ -12,7 +12,8 @@
    ones. So one 64-byte load and a mask give, in lane n, row n's four codes that meet input codes 4i..4i+3:
    one vpdpbusd against those four input codes broadcast multiplies them for all 16 rows at once. A block's
    integer sums for 16 rows take 8 such products; its scaling (one conversion, one multiply, two fused
-   multiply-adds) then serves 16 rows, and the unpacking serves every input row of the tile (llama.cpp's
+   multiply-adds) then serves 16 rows, and the unpacking serves every input row of the tile (up to 16 in the
+   AVX-512 form; llama.cpp's
    "repacked" interleaved layouts do the same for its batches and prompts).
 
    Arithmetic, for every output y[r, n] in one lane and in block order, whatever the tile or thread:
@@ -35,8 +36,8 @@
 #define WIDE 1
 #endif
 
-#ifdef WIDE /* input rows per pass over a unit (q8_units has a case for each count up to it): their partial sums */
-#define TILE 8 /* and the unit's codes fill the 32 vector registers; 8 rows ran up to 1.2x faster than 4 here */
+#ifdef WIDE /* input rows per pass over a unit (q8_units has a case for each count up to it): their scaled sums */
+#define TILE 16 /* and the unit's codes fill the 32 vector registers (see tile); 16 rows ran 1.2x faster than 2 x 8 */
 #else
 #define TILE 4 /* the 16 of AVX2 */
 #endif
@@ -92,7 +93,10 @@ static inline __m512i dot4(__m512i acc, __m512i w, int32_t x) {
 #endif
 }
 
-/* units u0..u1 against input rows r0..r0+T-1 (T a constant after inlining) */
+/* units u0..u1 against input rows r0..r0+T-1 (T a constant after inlining). Up to 8 rows, both sums of
+   every row run in registers beside the codes; past 8, the c terms wait for a second sweep over the unit's
+   minima, so that the codes and 16 rows' a terms fill the registers and one unpack serves all 16 (at 8 rows
+   and fewer the second sweep costs more than it saves). The same operations in the same order either way. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nb, int64_t u0, int64_t u1,
                                                       int64_t n_out, const int8_t *q, const float *dx,
                                                       const float *sx, int64_t k, int64_t r0, const int T,
@@ -100,6 +104,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t u = u0; u < u1; u++) {
         const uint8_t *unit = w + u * nb * UNIT;
+        const int later = T > 8; /* the c terms in a second sweep */
         __m512 a[TILE], c[TILE];
         for (int j = 0; j < T; j++) a[j] = c[j] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
@@ -116,7 +121,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
                 codes[i + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
             }
             const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 256)));
-            const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 288)));
+            const __m512 mw = later ? dw : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 288)));
+#pragma GCC unroll 16
             for (int j = 0; j < T; j++) {
                 const int64_t r = r0 + j;
                 const int32_t *x4 = (const int32_t *)(q + r * k + b * GROUP);
@@ -124,8 +130,13 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
                 for (int i = 0; i < 8; i++) sum = dot4(sum, codes[i], x4[i]);
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b]));
                 a[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, a[j]);
-                c[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb + b]), c[j]);
+                if (!later) c[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb + b]), c[j]);
             }
+        }
+        for (int64_t b = 0; later && b < nb; b++) {
+            const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(unit + b * UNIT + 288)));
+#pragma GCC unroll 16
+            for (int j = 0; j < T; j++) c[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[(r0 + j) * nb + b]), c[j]);
         }
         const int64_t n0 = u * ROWS, left = n_out - n0;
         const __mmask16 keep = left >= ROWS ? 0xFFFF : (__mmask16)((1u << left) - 1);
@@ -191,7 +202,7 @@ void q8_units(const uint8_t *w, int64_t k, int64_t u0, int64_t u1, int64_t n_out
 #define CASE(T) case T: tile(w, nb, u0, u1, n_out, q, dx, sx, k, r0, T, y, ldy); break;
             CASE(1) CASE(2) CASE(3) CASE(4)
 #if TILE > 4
-            CASE(5) CASE(6) CASE(7) CASE(8)
+            CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
 #endif
 #undef CASE
             default: break;
