@@ -20,12 +20,16 @@
 
 #include "kernels.h"
 
+#define SPAN 64 /* outputs a LoRA span covers: the outputs of 4 units, what product() hands a thread at a time */
+
 typedef struct {
     const uint8_t *w; /* the Q4_1 blocks in q8.c's layout */
     int64_t n, k;     /* outputs, inputs */
     const float *a;   /* LoRA: a [k, rank], b [rank, n] (the scale folded into b); a NULL: none */
     const float *b;
     int64_t rank;
+    const int32_t *spans; /* per SPAN outputs, the rank rows [j0, j1) of b that hold a nonzero there: a fused
+                             matrix's b is block-diagonal (query/key/value, gate/up), two thirds or half zero */
 } Product;
 
 typedef struct {
@@ -131,13 +135,16 @@ static void lora_in(const Product *p, const float *x, int64_t ldx, int64_t rows,
         }
 }
 
-/* t [n0, n1) += (xa b) [n0, n1) for one row: each value's sum over the rank in index order from 0, then added */
+/* t [n0, n1) += (xa b) [n0, n1) for one row (n0 a multiple of SPAN): each value's sum over the rank in index
+   order from 0, then added. The rank rows outside a span's [j0, j1) add exact zeros (the sum starts at +0 and
+   x * 0 added to it leaves it as it is), so they are skipped: the same bits for a third of the reads. */
 static void lora_out(const Product *p, const float *xa, int64_t n0, int64_t n1, float *t) {
     for (int64_t n = n0; n < n1; n += 4 * VW) {
         vmask m[4];
         vf acc[4];
         for (int v = 0; v < 4; v++) m[v] = vmask_of(n1 - n - v * VW), acc[v] = vzero();
-        for (int64_t j = 0; j < p->rank; j++) {
+        const int64_t j0 = p->spans[2 * (n / SPAN)], j1 = p->spans[2 * (n / SPAN) + 1];
+        for (int64_t j = j0; j < j1; j++) {
             const float *bj = p->b + j * p->n + n;
             const vf x = vset1(xa[j]);
             for (int v = 0; v < 4; v++) acc[v] = vfma(x, vload(bj + v * VW, m[v]), acc[v]);

@@ -151,7 +151,22 @@ def top_k(x: torch.Tensor, k: int, lib: ctypes.CDLL) -> torch.Tensor:
 
 # ---- layer.c: decoder layers in one call ---------------------------------------------------------------
 class _Product(ctypes.Structure):
-    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("a", _P), ("b", _P), ("rank", _I)]
+    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("a", _P), ("b", _P), ("rank", _I), ("spans", _P)]
+
+
+SPAN = 64  # layer.c's SPAN: the outputs one LoRA span covers
+
+
+def lora_spans(b: torch.Tensor) -> torch.Tensor:
+    """Per SPAN outputs of b [rank, n], the rank rows [j0, j1) holding a nonzero there (int32 [spans, 2]; 0, 0:
+    none): layer.c skips the zero rows of a fused matrix's block-diagonal b outside them."""
+    rank, n = b.shape
+    chunks = -(-n // SPAN)
+    nonzero = torch.nn.functional.pad(b != 0, (0, chunks * SPAN - n)).view(rank, chunks, SPAN).any(-1).t()
+    rows = torch.arange(rank)
+    j0 = torch.where(nonzero, rows, rank).min(-1).values
+    j1 = torch.where(nonzero, rows + 1, 0).max(-1).values
+    return torch.stack([torch.minimum(j0, j1), j1], -1).to(torch.int32).contiguous()
 
 
 class _Layer(ctypes.Structure):
@@ -188,9 +203,13 @@ class Layers:
 
     def _product(self, lin) -> _Product:
         a, b = lin.lora if lin.lora is not None else (None, None)
+        spans = None
+        if b is not None:
+            spans = lora_spans(b.detach().float())
+            self.held.append(spans)
         return _Product(lin.packed.data_ptr(), lin.out_features, lin.in_features,
                         None if a is None else self._tensor(a), None if b is None else self._tensor(b),
-                        0 if a is None else a.shape[1])
+                        0 if a is None else a.shape[1], None if spans is None else spans.data_ptr())
 
     def _layer(self, block) -> _Layer:
         self.held.append(block)

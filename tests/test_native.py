@@ -68,7 +68,7 @@ def test_the_product_is_llama_cpps_arithmetic(n, k):
 
 
 def test_every_row_gets_its_bits_alone():
-    """Tiles of 8 rows, their remainders, threads and a prefill's width change nothing in a row."""
+    """Tiles of up to 16 rows, their remainders, threads and a prefill's width change nothing in a row."""
     blocks = random_blocks(200, 576)
     lin = q8.Q8Linear.of(blocks)
     x = torch.randn(37, 576)
@@ -275,6 +275,30 @@ def test_the_fused_layer_keeps_every_rows_bits():
     column_cache = cache.clone()
     graphed = dec.block(2, x[:, :1], (rope[0][:, :1], rope[1][:, :1]), mask[:, :, :1], *column_cache, torch.tensor([4]))
     assert torch.equal(graphed, dec.block(2, x[:, :1], (rope[0][:, :1], rope[1][:, :1]), mask[:, :, :1], *cache.clone(), 4))
+
+
+def test_the_lora_terms_skip_only_rows_of_zeros_and_keep_their_bits():
+    """A fused matrix's LoRA b is block-diagonal: layer.c skips, per 64 outputs, the rank rows that are zero
+    there (native.lora_spans). The layer's bits are those of summing over every rank row."""
+    dec = adapted_tiny_llama(rank=4).decoder
+    for block in dec.blocks:
+        for lin in (block.qkv, block.out, block.up, block.down):
+            b = lin.lora[1]
+            b[:2, :native.SPAN] = 0  # the first 64 outputs read rank rows 2..3, the others rows 0..1
+            b[2:, native.SPAN:] = 0
+    spans = native.lora_spans(dec.blocks[0].up.lora[1])
+    assert dec.blocks[0].up.out_features > native.SPAN and spans[0].tolist() == [2, 4]
+    assert spans[1:].tolist() == [[0, 2]] * (len(spans) - 1)
+    assert native.lora_spans(torch.zeros(3, 70)).tolist() == [[0, 0], [0, 0]]
+    dec.fused = native.Layers(dec, dec.fused.lib)
+    x, rope, mask, cache = layer_inputs(dec)
+    skipping = dec.block(1, x, rope, mask, *cache.clone(), 4)
+    every = []
+    for layer in dec.fused.layers:  # the same layer summing over every rank row
+        for product in (layer.qkv, layer.out, layer.up, layer.down):
+            every.append(torch.tensor([[0, product.rank]] * -(-product.n // native.SPAN), dtype=torch.int32))
+            product.spans = every[-1].data_ptr()
+    assert torch.equal(skipping, dec.block(1, x, rope, mask, *cache.clone(), 4))
 
 
 @pytest.mark.parametrize("extra,isa", [(("-mno-avx512f",), None), (("-mno-avx512f", "-mno-avxvnni"), "AVX2")])
