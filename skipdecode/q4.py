@@ -167,8 +167,11 @@ class RescoredHead:
     picks the float32 head's token whenever it ranks among the screen's best RESCORE; the other logits keep
     the 4-bit screen's values (their probabilities are tiny next to the best tokens')."""
 
-    def __init__(self, exact: torch.Tensor, activations: torch.dtype = ACTIVATIONS, rescore: int = RESCORE):
-        self.exact, self.screen, self.rescore = exact, product(quantize(exact), activations), rescore
+    def __init__(self, exact: torch.Tensor, activations: torch.dtype = ACTIVATIONS, rescore: int = RESCORE,
+                 rows: torch.Tensor | None = None):
+        """`rows`: a head over those rows of `exact` alone (a draft's shortlist), which it reads in place."""
+        self.exact, self.rows, self.rescore = exact, rows, rescore
+        self.screen = product(quantize(exact if rows is None else exact[rows]), activations)
         self.bias = None
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
@@ -177,7 +180,8 @@ class RescoredHead:
         logits = self.screen(h).float()
         lib = getattr(self.screen, "lib", None)  # the C kernels' own selection beside the int8 screen
         best = native.top_k(logits, self.rescore, lib) if lib is not None else logits.topk(self.rescore, dim=-1).indices
-        exact = (self.exact[best] * h[:, None, :]).sum(-1)  # row by row: the same in any batch
+        rows = self.exact[best if self.rows is None else self.rows[best]]
+        exact = (rows * h[:, None, :]).sum(-1)  # row by row: the same in any batch
         return logits.scatter_(1, best, exact).view(*shape[:-1], -1)
 
     @property

@@ -29,11 +29,24 @@ def count(sequences: Iterable[Iterable[int]], size: int | None = None) -> list[i
 
 
 def load(folder: str | Path | None) -> list[int] | None:
-    """The shortlist shipped in an adapter's folder (None: the adapter has none, drafts use the whole head)."""
+    """The shortlist shipped in an adapter's folder (None: the adapter has none, drafts use the whole head),
+    read once per file version: the app makes a verified pair for every request."""
     path = Path(folder) / FILE if folder is not None else None
-    if path is None or not path.is_file():
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
         return None
-    return [int(i) for i in json.loads(path.read_text(encoding="utf-8"))["ids"]]
+    if stat is None or not path.is_file():
+        return None
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _READ:
+        if len(_READ) >= 16:  # a few adapters' shortlists; a replaced file's old version goes first
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = [int(i) for i in json.loads(path.read_text(encoding="utf-8"))["ids"]]
+    return list(_READ[key])
+
+
+_READ: dict[tuple[str, int, int], list[int]] = {}  # (file, its mtime and size) -> its ids
 
 
 class ShortlistHead:
@@ -48,7 +61,7 @@ class ShortlistHead:
         self.ids = torch.tensor(sorted({int(i) for i in ids if 0 <= int(i) < vocab}), dtype=torch.long)
         if isinstance(head, RescoredHead):
             self.exact, self.bias = head.exact, None
-            self.head = RescoredHead(head.exact[self.ids].contiguous(), rescore=min(head.rescore, len(self.ids)))
+            self.head = RescoredHead(head.exact, rescore=min(head.rescore, len(self.ids)), rows=self.ids)
         else:
             from .transformer import Linear
 
