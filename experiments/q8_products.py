@@ -4,6 +4,7 @@ and on skipdecode/q8.c (int8 inputs), in turns in one process. Cited by docs/res
 ("The int8 kernel and row-exact attention") and docs/research/native-step.md.
 
     python experiments/q8_products.py --rows 1,4,16,64   # batch 1, 4, 16 and a prompt's 64 rows
+    python experiments/q8_products.py --rows 1,5,16,64 --tile 8   # q8.c against its build with 8-row tiles
     python experiments/q8_products.py --engine           # a real 64-token generation: its products' and head's share
 """
 
@@ -56,16 +57,28 @@ def main() -> None:
     parser.add_argument("--rows", default="1", help="input rows, comma-separated (each timed in turn)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--engine", action="store_true", help="time a real generation instead")
+    parser.add_argument("--tile", type=int, default=None,
+                        help="instead of PyTorch's kernel, q8.c built with tiles of this many input rows (-DTILE)")
     args = parser.parse_args()
     if args.engine:
         return engine_split(args.rounds)
+    first = "PyTorch int4 (bf16)"
+    other = q4.Int4Linear.of
+    if args.tile:
+        from skipdecode import native
+
+        built = native.Library(extra=(f"-DTILE={args.tile}",))
+        if built.lib is None:
+            raise SystemExit(built.reason)
+        first = f"q8.c, {args.tile}-row tiles"
+        other = lambda blocks: q8.Q8Linear(q8.layout(blocks), *blocks.codes.shape, lib=built.lib)  # noqa: E731
     torch.manual_seed(0)
     layers = []
     for _ in range(30):
         for n, k in SHAPES:
             blocks = q4.quantize(torch.randn(n, k))
             blocks.d, blocks.m = blocks.d.half().float(), blocks.m.half().float()  # the file's float16 scales
-            layers.append((q4.Int4Linear.of(blocks), q8.Q8Linear.of(blocks), k))
+            layers.append((other(blocks), q8.Q8Linear.of(blocks), k))
     counts = [int(r) for r in args.rows.split(",")]
     inputs = {rows: {k: torch.randn(rows, k) for k in (576, 1536)} for rows in counts}
     print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, q8 kernel: "
@@ -73,7 +86,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for rows in counts:
             x, times = inputs[rows], {}
-            for i, name in ((0, "PyTorch int4 (bf16)"), (1, "q8.c (int8)")):
+            for i, name in ((0, first), (1, "q8.c (int8)")):
                 for product in layers:
                     product[i](x[product[2]])
                 started = time.perf_counter()

@@ -36,10 +36,12 @@
 #define WIDE 1
 #endif
 
+#ifndef TILE /* -DTILE=8 builds the 8-row tile for a comparison (experiments/q8_products.py --tile 8) */
 #ifdef WIDE /* input rows per pass over a unit (q8_units has a case for each count up to it): their scaled sums */
 #define TILE 16 /* and the unit's codes fill the 32 vector registers (see tile); 16 rows ran 1.2x faster than 2 x 8 */
 #else
 #define TILE 4 /* the 16 of AVX2 */
+#endif
 #endif
 
 const char *q8_isa(void) {
@@ -202,7 +204,10 @@ void q8_units(const uint8_t *w, int64_t k, int64_t u0, int64_t u1, int64_t n_out
 #define CASE(T) case T: tile(w, nb, u0, u1, n_out, q, dx, sx, k, r0, T, y, ldy); break;
             CASE(1) CASE(2) CASE(3) CASE(4)
 #if TILE > 4
-            CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+            CASE(5) CASE(6) CASE(7) CASE(8)
+#endif
+#if TILE > 8
+            CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
 #endif
 #undef CASE
             default: break;
