@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.engine:
         return engine_split(args.rounds)
-    first = "PyTorch int4 (bf16)"
+    label = "PyTorch int4 (bf16)"
     other = q4.Int4Linear.of
     if args.tile:
         from skipdecode import native
@@ -70,7 +70,7 @@ def main() -> None:
         built = native.Library(extra=(f"-DTILE={args.tile}",))
         if built.lib is None:
             raise SystemExit(built.reason)
-        first = f"q8.c, {args.tile}-row tiles"
+        label = f"q8.c, {args.tile}-row tiles"
         other = lambda blocks: q8.Q8Linear(q8.layout(blocks), *blocks.codes.shape, lib=built.lib)  # noqa: E731
     torch.manual_seed(0)
     layers = []
@@ -86,7 +86,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for rows in counts:
             x, times = inputs[rows], {}
-            for i, name in ((0, first), (1, "q8.c (int8)")):
+            for i, name in ((0, label), (1, "q8.c (int8)")):
                 for product in layers:
                     product[i](x[product[2]])
                 started = time.perf_counter()

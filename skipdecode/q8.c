@@ -38,7 +38,7 @@
 
 #ifndef TILE /* -DTILE=8 builds the 8-row tile for a comparison (experiments/q8_products.py --tile 8) */
 #ifdef WIDE /* input rows per pass over a unit (q8_units has a case for each count up to it): their scaled sums */
-#define TILE 16 /* and the unit's codes fill the 32 vector registers (see tile); 16 rows ran 1.2x faster than 2 x 8 */
+#define TILE 16 /* and the unit's codes fill the 32 vector registers (see tile) */
 #else
 #define TILE 4 /* the 16 of AVX2 */
 #endif
