@@ -2,9 +2,11 @@
 the load test script).
 
 One server per configuration and test session: the first test that asks starts it (or waits for the one
-`prestart` launched when the tests were collected), the end of the session stops it. The default one runs
-with a long batching window (so requests fired together batch deterministically) and an empty adapters
-folder (so the model is the base one, which the tests decode themselves to check the API)."""
+`prestart` launched ahead of it), and `stop` ends it (conftest.py does, after the last test that uses it; the
+end of the session stops any left). The default one (DEFAULT) runs on the precision a visitor's CPU gets
+("auto": the 4-bit default, not the tests' float32), with a long batching window (so requests fired together
+batch deterministically) and an empty adapters folder (so the model is the base one, which the tests decode
+themselves to check the API: conftest.py's `served_engine`)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
-_served: dict[str, str] = {}  # name -> URL of a server that answered
-_launched: dict[str, Server] = {}  # name -> a server `prestart` launched, not yet waited for
+DEFAULT = dict(name="app-server")  # app_url()'s server, as conftest.py's plans name it
+_servers: dict[str, Server] = {}  # name -> the session's server of that name, launched
+_up: set[str] = set()  # names of those that answered
+_empty: dict[str, str] = {}  # name -> the empty adapters folder made for that server, removed when it stops
 _ports: set[int] = set()
 
 
@@ -93,33 +97,35 @@ def start(name: str = "app-server", args=(), env: dict | None = None, timeout_s:
 def prestart(name: str = "app-server", args=(), env: dict | None = None) -> None:
     """Launch the session's server of this name now and go on: it loads (20-25 s here) while other tests
     run, and the first `app_url` of that name waits for it. The arguments are `app_url`'s."""
-    if name not in _served and name not in _launched:
-        _launched[name] = _launch_for_session(name, args, env)
+    if name in _servers:
+        return
+    if env is None:
+        _empty[name] = tempfile.mkdtemp(prefix="no-adapters-")
+        env = {"SKIPDECODE_BATCH_WINDOW_S": "0.8", "SKIPDECODE_ADAPTERS": _empty[name], "SKIPDECODE_DTYPE": "auto"}
+    _servers[name] = launch(name, args, env)
 
 
 def app_url(timeout_s: float = 180.0, name: str = "app-server", args=(), env: dict | None = None) -> str:
     """The base URL of the session's running `python app.py` of this name, started on first use (or
     earlier, by `prestart`). Without `env`, the adapters folder is an empty temporary one."""
-    if name in _served:
-        return _served[name]
-    server = _launched.pop(name, None) or _launch_for_session(name, args, env)
-    wait_until_up(server, timeout_s)
-    _served[name] = server.url
-    return server.url
+    prestart(name, args, env)
+    if name not in _up:
+        wait_until_up(_servers[name], timeout_s)
+        _up.add(name)
+    return _servers[name].url
 
 
-def _launch_for_session(name: str, args, env: dict | None) -> Server:
-    """A launched server that the end of the session stops."""
-    adapters = None
-    if env is None:
-        adapters = tempfile.mkdtemp(prefix="no-adapters-")
-        env = {"SKIPDECODE_BATCH_WINDOW_S": "0.8", "SKIPDECODE_ADAPTERS": adapters}
-    server = launch(name, args, env)
-
-    def stop():
+def stop(name: str) -> None:
+    """Stop the session's server of this name, if one runs; a later `app_url` starts it again."""
+    server = _servers.pop(name, None)
+    _up.discard(name)
+    if server is not None:
         server.stop()
-        if adapters:
-            os.rmdir(adapters)
+    if name in _empty:
+        os.rmdir(_empty.pop(name))
 
-    atexit.register(stop)
-    return server
+
+@atexit.register
+def _stop_all() -> None:
+    for name in list(_servers):
+        stop(name)

@@ -1,10 +1,14 @@
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import appserver
+from skipdecode import models
 from skipdecode.engine import Engine
 
 # The tests decode in float32 on every CPU (and so do the servers and commands they start): "auto" means
@@ -22,18 +26,88 @@ PROMPTS = [
 ]
 
 
+WARMING: list[subprocess.Popen] = []
+
+
+def pytest_sessionstart(session):
+    """On an empty model cache (a fresh machine, as on CI) the default model's float32 copy is written first
+    (models.cached_default: 27 s on one core here). A process of its own writes it while the tests are
+    collected on the other core; the first test that loads the model waits for it on the cache's lock, or
+    writes the copy itself if that process failed."""
+    if not (models.cache_dir() / models.DEFAULT_MODEL / models.SOURCE_FILE).exists():
+        WARMING.append(subprocess.Popen([sys.executable, "-c", "from skipdecode import models; models.cached_default()"],
+                                        cwd=appserver.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+
+def pytest_sessionfinish(session):
+    for process in WARMING:  # a session that never loaded the model may end first
+        process.terminate()
+        process.wait()
+
+
+# The app servers (tests/appserver.py): a test module with a `servers(fixtures)` function names the servers
+# (appserver.app_url's arguments) that a test with these fixtures uses. Each server is launched a little ahead
+# of its first test, so that it loads while the tests before it run, and stopped after its last one: an idle
+# `python app.py` still takes 7-8% of a core (Gradio's queue looks for work every millisecond), time the
+# other tests lose on a two-core machine.
+LEAD_FILES = 2  # a server is launched when the file this many files before its first test's file starts
+LAUNCH: dict[str, list[dict]] = {}  # test id -> the servers to launch as it starts
+STOP: dict[str, list[str]] = {}  # test id -> the servers to stop once it is done (its fixtures torn down)
+
+
+def servers_of(item) -> list[dict]:
+    found = getattr(getattr(item, "module", None), "servers", None)
+    return found(set(item.fixturenames)) if found else []
+
+
+def pytest_collection_modifyitems(items):
+    """The test files that use a server run last, so that the servers load while the other files run instead
+    of the first file waiting for its own; after each such file, the next one that shares a server with it
+    (else the next in the usual order), so that no server waits idle through a file that does not use it. The
+    tests of each file keep their order."""
+    files: dict[Path, list] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    uses = {path: {server["name"] for item in tests for server in servers_of(item)} for path, tests in files.items()}
+    serving, order = [path for path in files if uses[path]], []
+    while serving:
+        shared = [path for path in serving if order and uses[path] & uses[order[-1]]]
+        order.append((shared or serving)[0])
+        serving.remove(order[-1])
+    items[:] = [item for path in files if not uses[path] for item in files[path]] + \
+               [item for path in order for item in files[path]]
+
+
 def pytest_collection_finish(session):
-    """A test module with a `prestart_servers(fixtures)` function launches the app servers its selected tests
-    will use now (appserver.prestart), so they load while the tests before them run."""
+    """Plan when each server the selected tests use is launched and stopped (see servers_of)."""
     if session.config.option.collectonly:
         return
-    fixtures = {}
-    for item in session.items:
-        module = getattr(item, "module", None)
-        if hasattr(module, "prestart_servers"):
-            fixtures.setdefault(module, set()).update(item.fixturenames)
-    for module, names in fixtures.items():
-        module.prestart_servers(names)
+    uses: dict[str, tuple[dict, list[int]]] = {}  # server name -> (its arguments, the indices of its tests)
+    for index, item in enumerate(session.items):
+        for server in servers_of(item):
+            uses.setdefault(server["name"], (server, []))[1].append(index)
+    starts = [i for i, item in enumerate(session.items) if i == 0 or item.path != session.items[i - 1].path]
+    for name, (server, indices) in uses.items():
+        files_before = [start for start in starts if start <= indices[0]]
+        launch_at = files_before[max(0, len(files_before) - 1 - LEAD_FILES)]
+        if launch_at == 0:
+            appserver.prestart(**server)
+        else:
+            LAUNCH.setdefault(session.items[launch_at].nodeid, []).append(server)
+        STOP.setdefault(session.items[indices[-1]].nodeid, []).append(name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for server in LAUNCH.pop(item.nodeid, []):
+        appserver.prestart(**server)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    for name in STOP.pop(item.nodeid, []):
+        appserver.stop(name)
 
 
 @pytest.fixture
@@ -56,6 +130,15 @@ def cli(capsys):
 def engine():
     """The default model (bundled SmolLM2-135M-Instruct), loaded once for the whole session."""
     return Engine.load()
+
+
+@pytest.fixture(scope="session")
+def served_engine():
+    """The default model on the precision of the app servers that tests compare tokens with ("auto": the 4-bit
+    default on a CPU; tests/appserver.py), loaded once for the whole session."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SKIPDECODE_DTYPE", "auto")
+        return Engine.load()
 
 
 def tiny_model(kind: str, seed: int = 0, layers: int = 4):

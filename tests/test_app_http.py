@@ -5,7 +5,7 @@ import threading
 import pytest
 from gradio_client import Client
 
-from appserver import app_url, prestart
+from appserver import DEFAULT, app_url
 from skipdecode.beam import Beam
 from skipdecode.schedule import for_speedup
 
@@ -15,11 +15,9 @@ PROMPT = "Write one sentence describing this restaurant, using every fact: " + M
 TOKENS = 6
 
 
-def prestart_servers(fixtures):
-    """Called by conftest.py once the tests are collected: the default server starts loading at once, with
-    the other modules' servers (all idle time of this process otherwise, about 20 s each here)."""
-    if "url" in fixtures:
-        prestart()
+def servers(fixtures):
+    """For conftest.py: the default server, for the tests that use `url`."""
+    return [DEFAULT] if "url" in fixtures else []
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +38,13 @@ def test_api_lists_the_compare_endpoint_with_its_three_parameters(client):
     assert all(p["parameter_has_default"] for p in params[3:])  # the page's other settings are optional
 
 
-def test_compare_returns_both_outputs_traces_and_quality(client, engine):
+def test_compare_returns_both_outputs_traces_and_quality(client, served_engine):
     result = client.predict(PROMPT, 3.0, TOKENS, api_name="/compare")
-    L = engine.num_layers
+    L = served_engine.num_layers
     skip, full = result["skipdecode"], result["full"]
     # Full decoding over HTTP is exactly the engine's own full decoding of the same prompt.
-    assert full["token_ids"] == engine.generate([PROMPT], None, TOKENS).token_ids[0]
-    assert full["text"] == engine.tokenizer.decode(full["token_ids"], skip_special_tokens=True)
+    assert full["token_ids"] == served_engine.generate([PROMPT], None, TOKENS).token_ids[0]
+    assert full["text"] == served_engine.tokenizer.decode(full["token_ids"], skip_special_tokens=True)
     # The SkipDecode run followed the schedule for 3x over the requested horizon, position by position.
     schedule = for_speedup(3.0, L, horizon=TOKENS)
     assert result["schedule"] == schedule.to_dict()
@@ -97,11 +95,11 @@ def test_at_speedup_1_full_depth_agrees_everywhere_but_near_ties(client):
         assert found["agreement"] >= 0.95
 
 
-def test_beam_search_over_http_is_the_engines_search_on_both_sides(client, engine):
+def test_beam_search_over_http_is_the_engines_search_on_both_sides(client, served_engine):
     result = client.predict(PROMPT, 3.0, TOKENS, decoding="beam search", beams=3, api_name="/compare")
-    schedule, beam = for_speedup(3.0, engine.num_layers, horizon=TOKENS), Beam(3)
-    assert result["full"]["token_ids"] == engine.generate([PROMPT], None, TOKENS, beam=beam).token_ids[0]
-    assert result["skipdecode"]["token_ids"] == engine.generate([PROMPT], schedule, TOKENS, beam=beam).token_ids[0]
+    schedule, beam = for_speedup(3.0, served_engine.num_layers, horizon=TOKENS), Beam(3)
+    assert result["full"]["token_ids"] == served_engine.generate([PROMPT], None, TOKENS, beam=beam).token_ids[0]
+    assert result["skipdecode"]["token_ids"] == served_engine.generate([PROMPT], schedule, TOKENS, beam=beam).token_ids[0]
     assert result["decoding"].startswith("beam search, 3 beams")
     assert result["skipdecode"]["trace"]["batch_size"] == 3  # one row per beam
 
@@ -194,9 +192,11 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
 
 
 @pytest.mark.slow
-def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline(engine):
+def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_baseline(served_engine, monkeypatch):
     """With the shipped adapters, "auto" runs SkipDecode with the adapter made for its speedup and full
-    decoding with the one made for 1x, as the paper compares; the full side is that adapter's own decoding."""
+    decoding with the one made for 1x, as the paper compares; the full side is that adapter's own decoding.
+    On the precision a visitor's CPU gets ("auto": the 4-bit default, where an adapter is a few MB beside the
+    shared base), not the tests' float32 (tests/conftest.py): the studio loads six models here."""
     from app import views
     from app.callbacks import Callbacks
     from app.studio import AUTO, Settings, Studio, configured_models
@@ -207,6 +207,7 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     skip_adapter, full_adapter = adapter_for(3.0), adapter_for(1.0)
     if skip_adapter is None or full_adapter is None or skip_adapter == full_adapter:
         pytest.skip("needs adapters for 3x and for 1x in assets/adapters")
+    monkeypatch.setenv("SKIPDECODE_DTYPE", "auto")
     studio = Studio(configured_models(), batcher=Batcher())
     prompt = "Write one sentence describing this restaurant, using every fact: name[Strada], eatType[pub]"
     *_, done = studio.compare(prompt, Settings(speedup=3.0, max_new_tokens=6), AUTO)
@@ -232,7 +233,7 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
         assert done.why[0] == "base model: no general adapter for 3x yet"
     else:
         assert "a general prompt at 3x" in done.why[0]
-    assert done.full.token_ids == engine.generate([general], None, 4).token_ids[0]  # the base model, loaded apart
+    assert done.full.token_ids == served_engine.generate([general], None, 4).token_ids[0]  # the base model, loaded apart
     # Before anything runs, the schedule preview warns when "auto" has only the untrained base model to skip with.
     note = Callbacks(studio).preview(AUTO, 3.0, 6, False, 20, 6, 2, 0, "linear", "skip", general)[1]
     assert ("to word salad" in note) == (done.model == studio.base.label), note
@@ -243,7 +244,7 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     questions = [general, "Give three names for a friendly robot."]
     *_, run = studio.batch(questions, Settings(speedup=2.0, max_new_tokens=4), AUTO)
     assert run.models[1] == studio.base.label and run.why[1] == done.why[1]
-    assert [u.token_ids for u in run.full] == engine.generate(questions, None, 4).token_ids
+    assert [u.token_ids for u in run.full] == served_engine.generate(questions, None, 4).token_ids
     assert f"full decoding: **{views.safe(studio.base.label)}**" in views.batch_status(run)  # as text in Markdown
     *_, run = studio.batch([prompt], Settings(speedup=3.0, max_new_tokens=6), AUTO)
     assert run.models[0].startswith(skip_adapter.name) and run.models[1].startswith(full_adapter.name)

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 import pytest
 
 from app import record as schema
-from appserver import ARTIFACTS, app_url, prestart
+from appserver import ARTIFACTS
 from test_browser import REPLAY_INPUT, SERVER, details
 from test_record import changed
 from test_teach import comparison, record  # noqa: F401 (fixtures)
@@ -30,9 +30,9 @@ SHOWN = ("#sd-status", "#sd-skip-output", "#sd-full-output", "#sd-part-note", "#
          "#sd-metrics", "#sd-replay-note")
 
 
-def prestart_servers(fixtures):
-    if "replaying" in fixtures:
-        prestart(**SERVER)
+def servers(fixtures):
+    """For conftest.py: the page's server, for the tests with a browser."""
+    return [SERVER] if "browser" in fixtures else []
 
 
 @pytest.fixture(scope="module")

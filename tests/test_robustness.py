@@ -27,7 +27,7 @@ from gradio_client import Client
 from gradio_client.utils import Status
 
 from app import verified
-from appserver import ROOT, app_url, prestart
+from appserver import DEFAULT, ROOT, app_url
 from skipdecode.batcher import Batcher, follow
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import Schedule, for_speedup
@@ -262,10 +262,10 @@ def guarded_server() -> dict:
                 env={"SKIPDECODE_ADAPTERS": str(broken_adapters()), "SKIPDECODE_BATCH_WINDOW_S": "0.05"})
 
 
-def prestart_servers(fixtures):
-    """Called by conftest.py once the tests are collected: the guarded server starts loading at once."""
-    if "guarded" in fixtures:
-        prestart(**guarded_server())
+def servers(fixtures):
+    """For conftest.py: the guarded server for the tests that use it, the default one for the many users."""
+    found = [guarded_server()] if "guarded" in fixtures else []
+    return found + [DEFAULT] if "url" in fixtures else found
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +276,11 @@ def adapters():
 @pytest.fixture(scope="module")
 def guarded():
     return app_url(**guarded_server())
+
+
+@pytest.fixture(scope="module")
+def url():
+    return app_url()
 
 
 @pytest.fixture(scope="module")
@@ -472,8 +477,7 @@ def wait_for(condition, timeout_s: float = 60.0) -> None:
 
 # ---- many users at once (the default server; the load test script does 32 x 3) ---------------------
 @pytest.mark.slow
-def test_eight_users_at_once_all_get_their_own_correct_answer_in_shared_batches(engine):
-    url = app_url()
+def test_eight_users_at_once_all_get_their_own_correct_answer_in_shared_batches(url, served_engine):
     prompts = [f"Write one sentence describing this restaurant, using every fact: name[{name}], eatType[pub]"
                for name in ("Strada", "The Eagle", "Zizzi", "Aromi", "Cotto", "Giraffe", "Loch Fyne", "Wildwood")]
     clients = [Client(url, verbose=False) for _ in prompts]
@@ -491,7 +495,7 @@ def test_eight_users_at_once_all_get_their_own_correct_answer_in_shared_batches(
     assert all(r is not None for r in results), "a request was lost"
     for prompt, result in zip(prompts, results):
         assert result["prompt"] == prompt
-        assert result["full"]["token_ids"] == engine.generate([prompt], None, 4).token_ids[0]
+        assert result["full"]["token_ids"] == served_engine.generate([prompt], None, 4).token_ids[0]
     sizes = {r["skipdecode"]["batch"]["number"]: r["skipdecode"]["batch"]["size"] for r in results}
     assert sum(sizes.values()) == len(prompts) and max(sizes.values()) > 1, sizes
 

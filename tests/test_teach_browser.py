@@ -10,7 +10,7 @@ import json
 import pytest
 
 from app.teach import SLIDES
-from appserver import app_url, prestart
+from appserver import app_url
 from test_browser import ARGS, CHROMIUM, PROMPT, REPLAY_INPUT, SERVER, SHOTS, details, run_and_wait, screenshot, \
     set_tokens
 
@@ -29,9 +29,9 @@ HTML = ("(root) => { const walk = (n) => n.nodeType === 3 ? n.textContent : n.no
 PLOTS = ("#sd-divergence-plot", "#sd-lens-plot", "#sd-budget-plot", "#sd-layer-plot")
 
 
-def prestart_servers(fixtures):
-    if "teach" in fixtures:
-        prestart(**SERVER)
+def servers(fixtures):
+    """For conftest.py: the page's server, for the tests with a browser (the lesson's test opens a page of its own)."""
+    return [SERVER] if "browser" in fixtures else []
 
 
 @pytest.fixture(scope="module")
