@@ -260,7 +260,7 @@ def _gguf_parsed_once():
     """transformers parses the GGUF three times (tokenizer, config, weights), each time reading the 49k-token
     vocabulary field by field, and builds gguf's tensor name table once per module of the model. Inside this
     block the file is parsed once and the table built once; both are read-only to transformers, so the bytes
-    written are the same, in 11-13 s instead of 22-26 s on one core here (the two ways in turns)."""
+    written are the same, in 10-13 s instead of 22-28 s on one core here (experiments/first_start.py)."""
     import gguf as gguf_py
 
     reader, name_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
