@@ -25,8 +25,8 @@ import pandas as pd
 
 from skipdecode import lens
 from skipdecode.evaluation import quality
-from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_speedup,
-                                 trained_schedule, trained_speedups)
+from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_cache_draft,
+                                 shared_speedup, trained_speedups)
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine, shares_base
@@ -330,8 +330,10 @@ class Studio:
     def __init__(self, models: list[ModelChoice] | None = None, limits: Limits = Limits(),
                  batcher: Batcher | None = None):
         self.models = models or configured_models()
-        # drafts made for verified decoding's one cache (`draft`): not in the Model list, fixed at start too
-        self.drafts = [a for a in readable_adapters() if a.shared_cache and same_base(a.base_model, self.base.model)]
+        # the adapters found at start (a verifier's), and the drafts among them made for verified decoding's one
+        # cache (`draft`): not in the Model list, fixed at start too
+        self._served = {a.name: a for a in readable_adapters()}
+        self.drafts = [a for a in self._served.values() if a.shared_cache and same_base(a.base_model, self.base.model)]
         self.limits = limits
         self.batcher = batcher or Batcher(time_limit_s=limits.time_limit_s)
         self._engines: OrderedDict[str, Engine] = OrderedDict()  # least recently used first
@@ -504,12 +506,11 @@ class Studio:
     def draft(self, verifier: ModelChoice, schedule: Schedule) -> ModelChoice | None:
         """A draft trained to read `verifier`'s cache (adapters.AdapterInfo.shared_cache) on this very
         schedule, where one was in the adapters folder at start (None: the SkipDecode side drafts)."""
-        for made in self.drafts:
-            if made.meta.get("verifier") == verifier.adapter and any(
-                    trained_schedule(made, s, schedule.num_layers) == schedule for s in made.speedups):
-                return ModelChoice(f"{made.name} (draft for {verifier.adapter})", self.base.model, made.name,
-                                   made.config.get("horizon"), made.spread, made.speedups, made.task)
-        return None
+        made = shared_cache_draft(self._served.get(verifier.adapter), schedule=schedule, served=self.drafts)
+        if made is None:
+            return None
+        return ModelChoice(f"{made.name} (draft for {verifier.adapter})", self.base.model, made.name,
+                           made.config.get("horizon"), made.spread, made.speedups, made.task)
 
     def reference(self, model: str | None, prompt: str | None, choice: ModelChoice,
                   why: str, kind: str | None = None) -> tuple[ModelChoice, str]:

@@ -162,14 +162,23 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
                     f"was trained for ({at} asked: an adapter holds up only at the speedups it was trained for)")
 
 
-def shared_cache_draft(verifier: AdapterInfo | None, speedup: float) -> AdapterInfo | None:
-    """The draft trained to read `verifier`'s keys and values at `speedup` (None: none served): verified
-    decoding drafts with it rather than with the adapter made to decode alone, which reads its own skipped
-    entries in training and agrees with its verifier less often on the verifier's (docs/method.md)."""
+def shared_cache_draft(verifier: AdapterInfo | None, speedup: float | None = None, schedule=None,
+                       served: list[AdapterInfo] | None = None) -> AdapterInfo | None:
+    """The draft trained to read `verifier`'s keys and values (None: none served) at `speedup`, and with a
+    `schedule`, on that very schedule (at `speedup`, or at any speedup it was trained for): verified decoding
+    drafts with it rather than with the adapter made to decode alone, which reads its own skipped entries in
+    training and agrees with its verifier less often on the verifier's (docs/method.md). `served`: the
+    adapters to look among (default: the adapters folder's now; the app's: those it found at start)."""
     if verifier is None:
         return None
-    found = [a for a in available_adapters() if a.shared_cache and a.meta.get("verifier") == verifier.name and speedup in a.speedups
-             and same_base(a.base_model, verifier.base_model)]
+
+    def fits(a: AdapterInfo) -> bool:
+        at = a.speedups if speedup is None else [speedup] if speedup in a.speedups else []
+        return (a.shared_cache and a.meta.get("verifier") == verifier.name and same_base(a.base_model, verifier.base_model)
+                and bool(at) and (schedule is None or any(trained_schedule(a, s, schedule.num_layers) == schedule
+                                                          for s in at)))
+
+    found = [a for a in (available_adapters() if served is None else served) if fits(a)]
     return min(found, key=lambda a: a.name) if found else None
 
 

@@ -149,7 +149,7 @@ def verified(draft, args, beam, schedule):
     runs (with --adapter, that adapter; else the one picked at 1x: e2e-1x for an E2E prompt, the base model
     for any other). Without --adapter, a draft trained to read that verifier's cache on this very schedule
     drafts instead where one is served (adapters.shared_cache_draft)."""
-    from .adapters import pick_adapter, shared_cache_draft, trained_schedule
+    from .adapters import pick_adapter, shared_cache_draft
     from .engine import Engine
     from .models import DEFAULT_MODEL
     from .verify import Verified, draft_tokens_for
@@ -161,8 +161,8 @@ def verified(draft, args, beam, schedule):
     else:
         adapter = pick_adapter(1.0, prompt=args.prompt[0])[0] if args.model in (None, DEFAULT_MODEL) else None
         verifier = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
-        made = shared_cache_draft(adapter, args.speedup) if args.speedup is not None else None
-        if made is not None and trained_schedule(made, args.speedup, draft.num_layers) == schedule:
+        made = shared_cache_draft(adapter, args.speedup, schedule) if args.speedup is not None else None
+        if made is not None:
             draft = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=made)
     run = Verified(draft, verifier, draft_tokens_for(args.prompt[0]) if args.draft_tokens is None else args.draft_tokens)
     drafter = f" (draft adapter {draft.adapter.name})" if draft.adapter is not None else ""
