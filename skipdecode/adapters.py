@@ -262,9 +262,19 @@ def merge_adapter(model, info: AdapterInfo, model_name: str):
     if not same_base(info.base_model, model_name):
         raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {model_name}")
     try:
+        _own(model)
         return PeftModel.from_pretrained(model, str(info.path)).merge_and_unload()
     except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another model
         raise ValueError(f"adapter {info.name!r} does not fit {model_name}: {str(error).splitlines()[0]}") from error
+
+
+def _own(model) -> None:
+    """A loaded weight is pages of the safetensors file mapped copy-on-write, and here the first write to such
+    a page costs far more than a fresh copy (`python experiments/merge_cost.py`): merging an adapter writes
+    every page of every matrix it touches. So every weight is copied to memory of its own first (all of them,
+    so that no weight keeps the file's pages mapped beside the copies)."""
+    for weight in model.parameters():
+        weight.data = weight.data.clone()
 
 
 def weights_digest(folder: str | os.PathLike) -> str:
