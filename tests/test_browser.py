@@ -160,6 +160,8 @@ def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_ans
         screenshot(page, "first-screen-1280x720.png")
         page.locator("#sd-how").get_by_text("How this runs").click()  # the machinery, in plain words
         page.locator("#sd-how p").first.wait_for(state="visible", timeout=10_000)  # drawn after the click
+        page.wait_for_function("() => document.querySelector('#sd-how').innerText.includes('timed')",
+                               timeout=10_000)  # and its last words in (a slow machine draws it in steps)
         how = page.locator("#sd-how").inner_text()
         assert "weights" in how and "timed" in how and [w for w in JARGON if w in how] == []
         page.locator("#sd-how").get_by_text("How this runs").click()
