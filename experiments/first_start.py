@@ -8,13 +8,13 @@ one process, each into a fresh folder: seconds each, and whether both wrote the 
 import argparse
 import contextlib
 import hashlib
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from skipdecode import models
+from skipdecode.evaluation.bench import machine
 
 
 def digest(folder: Path) -> str:
@@ -26,9 +26,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     ways = {"parsed once": models._gguf_parsed_once, "as transformers does": contextlib.nullcontext}
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               os.uname().machine)
-    print(f"{cpu}, {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+    where = machine()
+    print(f"{where['cpu']}, {where['cores']} cores; load average {where['load_average']}")
     digests = set()
     for r in range(args.rounds):
         for name, way in ways.items():

@@ -6,12 +6,12 @@ in turns in one process, and whether both give the same weights.
 """
 
 import argparse
-import os
 import time
 
 import torch
 
 from skipdecode import adapters, models
+from skipdecode.evaluation.bench import machine
 
 
 def merged(info, own: bool):
@@ -31,9 +31,9 @@ def main() -> None:
     parser.add_argument("--adapter", default="e2e-1x")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               os.uname().machine)
-    print(f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; load {os.getloadavg()[0]:.1f}")
+    where = machine()
+    print(f"{where['cpu']}, {where['cores']} cores, {where['torch_threads']} torch threads; "
+          f"load average {where['load_average']}")
     info = adapters.find_adapter(args.adapter)
     for r in range(args.rounds):
         copied, a = merged(info, own=True)

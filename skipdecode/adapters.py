@@ -173,7 +173,7 @@ def shared_cache_draft(verifier: AdapterInfo | None, speedup: float | None = Non
         return None
 
     def fits(a: AdapterInfo) -> bool:
-        at = a.speedups if speedup is None else [speedup] if speedup in a.speedups else []
+        at = [s for s in a.speedups if speedup is None or s == speedup]  # the speedups to match it at
         return (a.shared_cache and a.meta.get("verifier") == verifier.name and same_base(a.base_model, verifier.base_model)
                 and bool(at) and (schedule is None or any(trained_schedule(a, s, schedule.num_layers) == schedule
                                                           for s in at)))
@@ -261,8 +261,8 @@ def merge_adapter(model, info: AdapterInfo, model_name: str):
 
     if not same_base(info.base_model, model_name):
         raise ValueError(f"adapter {info.name!r} was made for {info.base_model}, not {model_name}")
+    _own(model)
     try:
-        _own(model)
         return PeftModel.from_pretrained(model, str(info.path)).merge_and_unload()
     except (RuntimeError, ValueError, KeyError) as error:  # shapes or module names of another model
         raise ValueError(f"adapter {info.name!r} does not fit {model_name}: {str(error).splitlines()[0]}") from error

@@ -132,6 +132,13 @@ def engine():
     return Engine.load()
 
 
+@pytest.fixture(scope="module")
+def url():
+    """The URL of the session's default app server (appserver.DEFAULT; a module's `servers` names it for the
+    tests that use this fixture)."""
+    return appserver.app_url()
+
+
 @pytest.fixture(scope="session")
 def served_engine():
     """The default model on the precision of the app servers that tests compare tokens with ("auto": the 4-bit

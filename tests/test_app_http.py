@@ -5,7 +5,7 @@ import threading
 import pytest
 from gradio_client import Client
 
-from appserver import DEFAULT, app_url
+from appserver import DEFAULT
 from skipdecode.beam import Beam
 from skipdecode.schedule import for_speedup
 
@@ -18,11 +18,6 @@ TOKENS = 6
 def servers(fixtures):
     """For conftest.py: the default server, for the tests that use `url`."""
     return [DEFAULT] if "url" in fixtures else []
-
-
-@pytest.fixture(scope="module")
-def url():
-    return app_url()
 
 
 @pytest.fixture(scope="module")

@@ -279,11 +279,6 @@ def guarded():
 
 
 @pytest.fixture(scope="module")
-def url():
-    return app_url()
-
-
-@pytest.fixture(scope="module")
 def client(guarded):
     return Client(guarded, verbose=False)
 
