@@ -91,10 +91,12 @@ class Lesson:
         return self._step(record, position, 1 if shown is None or shown >= top else shown, going=True)
 
     def tick(self, record, position, shown):
-        if not record or not record.get("lens"):
+        """One layer further while playing. A tick that arrives after the top layer, or after "All layers"
+        (shown None: a tick already on its way when the button stopped the player), stops the player and
+        changes nothing: only Play starts from the bottom."""
+        if not record or not record.get("lens") or shown is None or shown >= record["num_layers"]:
             return gr.skip(), gr.skip(), shown, gr.Timer(active=False)
-        shown = 1 if shown is None or shown >= record["num_layers"] else shown + 1
-        return self._step(record, position, shown, going=shown < record["num_layers"])
+        return self._step(record, position, shown + 1, going=shown + 1 < record["num_layers"])
 
     def show_all(self, record, position):
         return self._step(record, position, None, going=False)

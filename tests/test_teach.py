@@ -4,6 +4,7 @@ is refused with a message."""
 
 import json
 
+import gradio as gr
 import pytest
 
 from app import replay, teach
@@ -152,3 +153,24 @@ def test_the_lessons_figures_are_those_of_its_shipped_replay_file():
     assert lesson["settings"]["max_new_tokens"] == 24 and lesson["schedule"]["num_layers"] == 30
     assert skip["text"].count("children friendly") == 1 and "child friendly" in lesson["full"]["text"]
     assert '"It is children friendly" against "It is child friendly"' in text
+
+
+def test_the_player_climbs_one_layer_a_tick_and_stops_at_the_top(record):
+    """The layer view's Play (app/lesson.py): from the bottom layer, one layer a tick, the timer stopped when the
+    top layer is shown; Play again starts from the bottom. The browser test sees it start and climb."""
+    from app.lesson import Lesson
+
+    lesson, position, top = Lesson(studio=None), teach.default_position(record), record["num_layers"]
+    *_, shown, timer = lesson.play(record, position, None)
+    assert shown == 1 and timer.active is True
+    seen = [shown]
+    while timer.active and len(seen) <= top:
+        *_, shown, timer = lesson.tick(record, position, shown)
+        seen.append(shown)
+    assert seen == list(range(1, top + 1)) and timer.active is False  # every layer once, in order, then stopped
+    assert lesson.play(record, position, top)[2] == 1
+    html_view, _, shown, timer = lesson.show_all(record, position)
+    assert shown is None and timer.active is False and "sd-hidden" not in html_view
+    for late in (None, top):  # a tick already on its way after "All layers" or the top: the player stays stopped
+        view, figure, kept, timer = lesson.tick(record, position, late)
+        assert kept == late and timer.active is False and isinstance(view, type(gr.skip()))

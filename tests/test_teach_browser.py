@@ -119,10 +119,11 @@ def test_a_clicked_token_shows_layer_by_layer_and_steps_through(teach):
     teach.click("#sd-previous-layer")
     teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
                             ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 1", timeout=10_000)
-    teach.click("#sd-play")  # plays up to the top layer, one layer a tick, then stops
+    teach.click("#sd-play")  # one layer a tick from the bottom (its stop at the top: tests/test_teach.py)
     teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
                             ".querySelectorAll('tbody tr:not(.sd-hidden)').length >= 4", timeout=20_000)
     screenshot(teach.locator("#sd-lens"), "teach-step.png")
+    teach.click("#sd-all-layers")  # stops the player and shows every layer
     teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
                             ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 30", timeout=60_000)
     assert visible() == 30
