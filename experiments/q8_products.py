@@ -5,6 +5,7 @@ and on skipdecode/q8.c (int8 inputs), in turns in one process. Cited by docs/res
 
     python experiments/q8_products.py --rows 1,4,16,64   # batch 1, 4, 16 and a prompt's 64 rows
     python experiments/q8_products.py --rows 1,5,16,64 --tile 8   # q8.c against its build with 8-row tiles
+    python experiments/q8_products.py --rows 16 --rounds 12 --define Q8_INTEGER_ONLY   # no float work per block
     python experiments/q8_products.py --engine           # a real 64-token generation: its products' and head's share
 """
 
@@ -59,18 +60,23 @@ def main() -> None:
     parser.add_argument("--engine", action="store_true", help="time a real generation instead")
     parser.add_argument("--tile", type=int, default=None,
                         help="instead of PyTorch's kernel, q8.c built with tiles of this many input rows (-DTILE)")
+    parser.add_argument("--define", default=None,
+                        help="instead of PyTorch's kernel, q8.c built with -D this (Q8_INTEGER_ONLY: the integer "
+                             "sums without any float work per block, wrong values: a bound on what the block "
+                             "scaling costs)")
     args = parser.parse_args()
     if args.engine:
         return engine_split(args.rounds)
     label = "PyTorch int4 (bf16)"
     other = q4.Int4Linear.of
-    if args.tile:
+    if args.tile or args.define:
         from skipdecode import native
 
-        built = native.Library(extra=(f"-DTILE={args.tile}",))
+        flags = ((f"-DTILE={args.tile}",) if args.tile else ()) + ((f"-D{args.define}",) if args.define else ())
+        built = native.Library(extra=flags)
         if built.lib is None:
             raise SystemExit(built.reason)
-        label = f"q8.c, {args.tile}-row tiles"
+        label = "q8.c, " + ", ".join(([f"{args.tile}-row tiles"] if args.tile else []) + ([args.define] if args.define else []))
         other = lambda blocks: q8.Q8Linear(q8.layout(blocks), *blocks.codes.shape, lib=built.lib)  # noqa: E731
     torch.manual_seed(0)
     layers = []

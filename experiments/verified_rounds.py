@@ -51,11 +51,13 @@ def main(argv=None) -> int:
     step = t["full_steps"] / n["steps"]
     print(f"full decoding over verified, end to end: {t['full'] / t['verified']:.3f}")
     print(f"prefill ms: full {t['full_prefill']:.0f}, verified {t['prefill']:.0f}")
-    print(f"a full-depth step {step:.3f} ms; a plain round {t['plain'] / n['plain']:.3f} ms "
-          f"({t['plain'] / n['plain'] / step:.3f}x, {n['plain']} rounds)")
+    plain = (f"a plain round {t['plain'] / n['plain']:.3f} ms ({t['plain'] / n['plain'] / step:.3f}x, "
+             f"{n['plain']} rounds)" if n["plain"] else "no plain rounds")
+    print(f"a full-depth step {step:.3f} ms; {plain}")
     print(f"drafting rounds: {n['drafting']}, {t['drafting'] / n['drafted_tokens'] / step:.3f}x a step per token "
           f"they yield; their excess over full steps {(t['drafting'] - n['drafted_tokens'] * step) / t['full']:.1%} "
           f"of full decoding's time")
+    print(f"the cost model at the end, in full-depth steps (drafting.Costs): {v.costs}")
     print(f"the loop between rounds: verified {t['rest']:.0f} ms, full {t['full'] - t['full_prefill'] - t['full_steps']:.0f} ms "
           f"({(t['rest'] - (t['full'] - t['full_prefill'] - t['full_steps'])) / t['full']:.1%} of full decoding's time)")
     return 0
