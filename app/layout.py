@@ -16,7 +16,7 @@ from .callbacks import DECODINGS, KV_FIRST, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
 from .lesson import GPU_CALLBACKS as LESSON_GPU_CALLBACKS
-from .lesson import PLAY_EVERY_S, Lesson
+from .lesson import PLAY, PLAY_EVERY_S, Lesson
 from .studio import Studio
 
 CSS = """
@@ -193,7 +193,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                        interactive=False)
                             next_layer = gr.Button("layer ▶", elem_id="sd-next-layer", scale=0, min_width=90,
                                                    interactive=False)
-                            play = gr.Button("Play", elem_id="sd-play", scale=0, min_width=90, interactive=False)
+                            play = gr.Button(PLAY, elem_id="sd-play", scale=0, min_width=90, interactive=False)
                             all_layers = gr.Button("All layers", elem_id="sd-all-layers", scale=0, min_width=110,
                                                    interactive=False)
                         lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
@@ -329,10 +329,10 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         position.input(lesson.pick, [position, record, last], pick_outputs, api_visibility="private",
                        concurrency_limit=concurrency, concurrency_id="decode", trigger_mode="always_last",
                        show_progress="hidden")
-        step_inputs, step_outputs = [record, position, shown_layers], [lens_view, lens_plot, shown_layers, player]
-        for button, step in ((next_layer, lesson.next_layer), (previous_layer, lesson.previous_layer),
-                             (play, lesson.play)):
+        step_inputs, step_outputs = [record, position, shown_layers], [lens_view, lens_plot, shown_layers, player, play]
+        for button, step in ((next_layer, lesson.next_layer), (previous_layer, lesson.previous_layer)):
             button.click(step, step_inputs, step_outputs, api_visibility="private", queue=False)
+        play.click(lesson.play, [*step_inputs, play], step_outputs, api_visibility="private", queue=False)  # or Pause
         player.tick(lesson.tick, step_inputs, step_outputs, api_visibility="private", queue=False)
         all_layers.click(lesson.show_all, [record, position], step_outputs, api_visibility="private", queue=False)
         export.click(None, None, None, js=teach.PNG_JS, api_visibility="private")

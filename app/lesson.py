@@ -20,6 +20,7 @@ from .callbacks import for_the_user, settings_from, user_errors
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
+PLAY, PAUSE = "Play", "Pause"  # the Play button's label, stopped and while playing
 GPU_CALLBACKS = ("pick", "export")  # the handlers that run a model (app/gpu.py decorates them on ZeroGPU)
 log = logging.getLogger("skipdecode.app")
 
@@ -68,25 +69,29 @@ class Lesson:
 
     @staticmethod
     def _step(record, position, shown, going=None):
-        """The layer view and its figure with `shown` layers revealed from the bottom (None: all), `shown`, and
-        the player's state; a layer button pressed before a pick gets guidance in the layer view instead."""
+        """The layer view and its figure with `shown` layers revealed from the bottom (None: all), `shown`, the
+        player's state and the Play button's label (Pause while it plays); a layer button pressed before a
+        pick gets guidance in the layer view instead."""
         if not record or not record.get("lens"):
-            return teach.guide("pick" if record else "run"), gr.skip(), None, gr.Timer(active=False)
+            return teach.guide("pick" if record else "run"), gr.skip(), None, gr.Timer(active=False), gr.skip()
         position = int(position)
         return (teach.lens_html(record, position, shown), teach.lens_figure(record, position, shown), shown,
-                gr.Timer(active=going) if going is not None else gr.skip())
+                gr.Timer(active=going), play_button(going))
 
     def next_layer(self, record, position, shown):
-        """One layer further up (from the top, back to the bottom layer)."""
+        """One layer further up (from the top, back to the bottom layer); a step by hand pauses the player."""
         top = record["num_layers"] if record else 0
-        return self._step(record, position, 1 if shown is None or shown >= top else shown + 1)
+        return self._step(record, position, 1 if shown is None or shown >= top else shown + 1, going=False)
 
     def previous_layer(self, record, position, shown):
         top = record["num_layers"] if record else 0
-        return self._step(record, position, max(1, (top if shown is None else shown) - 1))
+        return self._step(record, position, max(1, (top if shown is None else shown) - 1), going=False)
 
-    def play(self, record, position, shown):
-        """Play from the bottom layer (or from where a paused step-through stands), one layer a tick."""
+    def play(self, record, position, shown, label=PLAY):
+        """Play from the bottom layer (or from where a paused step-through stands), one layer a tick; pressed
+        while playing (its label then Pause), pause where it stands."""
+        if label == PAUSE:
+            return gr.skip(), gr.skip(), shown, gr.Timer(active=False), play_button(False)
         top = record["num_layers"] if record else 0
         return self._step(record, position, 1 if shown is None or shown >= top else shown, going=True)
 
@@ -95,7 +100,7 @@ class Lesson:
         (shown None: a tick already on its way when the button stopped the player), stops the player and
         changes nothing: only Play starts from the bottom."""
         if not record or not record.get("lens") or shown is None or shown >= record["num_layers"]:
-            return gr.skip(), gr.skip(), shown, gr.Timer(active=False)
+            return gr.skip(), gr.skip(), shown, gr.Timer(active=False), play_button(False)
         return self._step(record, position, shown + 1, going=shown + 1 < record["num_layers"])
 
     def show_all(self, record, position):
@@ -190,8 +195,14 @@ OPENED = ("record", "skip_out", "part_note", "teach_box", "position", "lens_view
 
 
 def steppable(on: bool) -> tuple:
-    """The four step buttons, usable only once a token is picked."""
-    return tuple(gr.Button(interactive=on) for _ in range(4))
+    """The four step buttons (◀ layer, layer ▶, Play, All layers), usable only once a token is picked; the
+    player stopped."""
+    usable = gr.Button(interactive=on)
+    return usable, usable, gr.Button(PLAY, interactive=on), usable
+
+
+def play_button(playing: bool) -> gr.Button:
+    return gr.Button(PAUSE if playing else PLAY)
 
 
 def opened(record: dict) -> tuple:

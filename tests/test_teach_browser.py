@@ -123,7 +123,13 @@ def test_a_clicked_token_shows_layer_by_layer_and_steps_through(teach):
     teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
                             ".querySelectorAll('tbody tr:not(.sd-hidden)').length >= 4", timeout=20_000)
     screenshot(teach.locator("#sd-lens"), "teach-step.png")
-    teach.click("#sd-all-layers")  # stops the player and shows every layer
+    assert teach.locator("#sd-play").inner_text().strip() == "Pause"  # while it plays
+    teach.click("#sd-play")
+    teach.wait_for_function("() => document.querySelector('#sd-play').innerText.trim() === 'Play'", timeout=10_000)
+    paused = visible()
+    teach.wait_for_timeout(2_000)  # three ticks' time: a paused player stays where it stands
+    assert visible() == paused < 30
+    teach.click("#sd-all-layers")  # every layer
     teach.wait_for_function("() => document.querySelectorAll('#sd-lens table')[1]"
                             ".querySelectorAll('tbody tr:not(.sd-hidden)').length === 30", timeout=60_000)
     assert visible() == 30
