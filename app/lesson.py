@@ -76,7 +76,7 @@ class Lesson:
             return teach.guide("pick" if record else "run"), gr.skip(), None, gr.Timer(active=False), gr.skip()
         position = int(position)
         return (teach.lens_html(record, position, shown), teach.lens_figure(record, position, shown), shown,
-                gr.Timer(active=going), play_button(going))
+                *((gr.skip(), gr.skip()) if going is None else (gr.Timer(active=going), play_button(going))))
 
     def next_layer(self, record, position, shown):
         """One layer further up (from the top, back to the bottom layer); a step by hand pauses the player."""
@@ -96,12 +96,13 @@ class Lesson:
         return self._step(record, position, 1 if shown is None or shown >= top else shown, going=True)
 
     def tick(self, record, position, shown):
-        """One layer further while playing. A tick that arrives after the top layer, or after "All layers"
-        (shown None: a tick already on its way when the button stopped the player), stops the player and
-        changes nothing: only Play starts from the bottom."""
+        """One layer further while playing; the player stops at the top layer. A tick never starts the player
+        again: one already on its way when Pause, a layer button or "All layers" stopped it leaves the player
+        stopped (after "All layers", shown None, or at the top, it changes nothing)."""
         if not record or not record.get("lens") or shown is None or shown >= record["num_layers"]:
             return gr.skip(), gr.skip(), shown, gr.Timer(active=False), play_button(False)
-        return self._step(record, position, shown + 1, going=shown + 1 < record["num_layers"])
+        top = shown + 1 >= record["num_layers"]
+        return self._step(record, position, shown + 1, going=False if top else None)
 
     def show_all(self, record, position):
         return self._step(record, position, None, going=False)
