@@ -219,6 +219,33 @@ static int acts_ok(const Acts *a) { return a->x && a->xa && a->q && a->dx && a->
 
 static void acts_free(Acts *a) { free(a->x), free(a->xa), free(a->q), free(a->dx), free(a->sx); }
 
+#ifdef LAYER_TIMES /* timing only (experiments/layer_phases.py): the wall time of each phase of the calls, summed */
+#include <time.h>
+#define PHASES 9
+static double phase_ms[PHASES];
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+/* the sums since the last call, then zero */
+int layer_times(double *out) {
+    for (int i = 0; i < PHASES; i++) out[i] = phase_ms[i], phase_ms[i] = 0.0;
+    return 0;
+}
+/* every thread done with phase i (a barrier more than the call has where the phase ends without one) */
+#define MARK(i)                                          \
+    do {                                                 \
+        _Pragma("omp barrier") _Pragma("omp master") {   \
+            const double t = now_ms();                   \
+            phase_ms[i] += t - mark;                     \
+            mark = t;                                    \
+        }                                                \
+    } while (0)
+#else
+#define MARK(i) do {} while (0)
+#endif
+
 /* Up to this many rows, every thread prepares a product's whole input for itself (the same bits in each):
    a decode step's few rows cost less than a barrier; more rows are split among the threads. */
 #define OWN_ROWS 8
@@ -250,6 +277,9 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
     wk.sum = malloc(sizeof(float) * (size_t)(R * (d > 2 * c->ffn ? d : 2 * c->ffn)));
     Acts shared = own ? (Acts){0} : acts(R, k_max, wk.rank_max);
     int failed = !wk.qkv || !wk.att || !wk.up || !wk.sum || (!own && !acts_ok(&shared));
+#ifdef LAYER_TIMES
+    double mark = now_ms();
+#endif
     if (!failed) {
 #pragma omp parallel reduction(| : failed)
         {
@@ -278,7 +308,9 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                 const Layer *l = layers + which[i];
                 float *keys = call->cache + which[i] * call->cl, *values = keys + call->cv;
                 INPUT(&l->qkv, rms_norm(call->x + r * d, l->norm1, d, c->eps, in->x + r * d));
+                MARK(0);
                 product(&l->qkv, in, &wk, R, wk.qkv, width, NULL, 0);
+                MARK(1);
                 /* per batch row and kv head: RoPE on its keys and its group's queries, its keys and values
                    into the cache, then its group's attention */
 #pragma omp for schedule(static)
@@ -305,12 +337,19 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                                           call->mask ? call->mask + b * call->mb + s * call->ms : NULL, call->T, hd,
                                           wk.att + (b * S + s) * H * hd + h * hd, scores, seen);
                 }
+                MARK(2);
                 INPUT(&l->out, memcpy(in->x + r * H * hd, wk.att + r * H * hd, sizeof(float) * (size_t)(H * hd)));
+                MARK(3);
                 product(&l->out, in, &wk, R, NULL, 0, call->x, d);
+                MARK(4);
                 INPUT(&l->up, rms_norm(call->x + r * d, l->norm2, d, c->eps, in->x + r * d));
+                MARK(5);
                 product(&l->up, in, &wk, R, wk.up, 2 * c->ffn, NULL, 0);
+                MARK(6);
                 INPUT(&l->down, swiglu(wk.up + r * 2 * c->ffn, wk.up + r * 2 * c->ffn + c->ffn, c->ffn, in->x + r * c->ffn));
+                MARK(7);
                 product(&l->down, in, &wk, R, NULL, 0, call->x, d);
+                MARK(8);
             }
 #undef INPUT
             if (!ok) failed = 1;
