@@ -160,8 +160,11 @@ def test_export_then_replay_draws_the_same_page_without_a_model(teach, browser, 
     assert record["hardware"]["cpu"] and all(s["ms"] > 0 for s in record["skipdecode"]["trace"]["steps"])
     assert len(record["lens"]["skipdecode"]) == len(record["divergence"]["tokens"])
     position = int(teach.locator("#sd-position input[type=number]").input_value())
+    teach.click("#sd-next-layer")  # a step first, so that the wait below sees All layers' answer arrive
+    teach.wait_for_selector("#sd-lens .sd-now", timeout=10_000)
     teach.click("#sd-all-layers")  # as a pick draws it: every layer, none highlighted
-    teach.wait_for_function("() => !document.querySelector('#sd-lens .sd-now')", timeout=10_000)
+    teach.wait_for_function("() => !document.querySelector('#sd-lens .sd-now') && !document.querySelector("
+                            "'#sd-lens-plot [data-testid=status-tracker]:not(.hide)')", timeout=10_000)
     before = {selector: teach.locator(selector).evaluate(HTML) for selector in SAME}
     figures = {selector: teach.locator(selector).inner_text() for selector in PLOTS + ("#sd-part-note",)}
 
