@@ -101,8 +101,8 @@ class Lesson:
         stopped (after "All layers", shown None, or at the top, it changes nothing)."""
         if not record or not record.get("lens") or shown is None or shown >= record["num_layers"]:
             return gr.skip(), gr.skip(), shown, gr.Timer(active=False), play_button(False)
-        top = shown + 1 >= record["num_layers"]
-        return self._step(record, position, shown + 1, going=False if top else None)
+        last = shown + 1 >= record["num_layers"]  # this tick reveals the top layer: the player stops
+        return self._step(record, position, shown + 1, going=False if last else None)
 
     def show_all(self, record, position):
         return self._step(record, position, None, going=False)

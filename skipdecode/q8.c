@@ -43,6 +43,11 @@
 #define TILE 4 /* the 16 of AVX2 */
 #endif
 #endif
+#ifdef Q8_INTEGER_ONLY /* timing only, wrong values (experiments/q8_products.py --define): no float work a block */
+#define INTEGER_ONLY 1
+#else
+#define INTEGER_ONLY 0
+#endif
 
 const char *q8_isa(void) {
 #if defined(WIDE) && defined(__AVX512VNNI__)
@@ -130,20 +135,16 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
                 const int32_t *x4 = (const int32_t *)(q + r * k + b * GROUP);
                 __m512i sum = _mm512_setzero_si512();
                 for (int i = 0; i < 8; i++) sum = dot4(sum, codes[i], x4[i]);
-#ifdef Q8_INTEGER_ONLY /* timing only, wrong values (experiments/q8_products.py --define): no float work a block */
-                a[j] = _mm512_castsi512_ps(_mm512_add_epi32(sum, _mm512_castps_si512(a[j])));
-                (void)mw;
-#else
+                if (INTEGER_ONLY) { /* the integer sums alone, neither scaled nor with their minimum terms */
+                    a[j] = _mm512_castsi512_ps(_mm512_add_epi32(sum, _mm512_castps_si512(a[j])));
+                    continue;
+                }
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b]));
                 a[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, a[j]);
                 if (!later) c[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb + b]), c[j]);
-#endif
             }
         }
-#ifdef Q8_INTEGER_ONLY
-        if (!later) {} else /* nor the minimum terms' sweep */
-#endif
-        for (int64_t b = 0; later && b < nb; b++) {
+        for (int64_t b = 0; later && !INTEGER_ONLY && b < nb; b++) {
             const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(unit + b * UNIT + 288)));
 #pragma GCC unroll 16
             for (int j = 0; j < T; j++) c[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[(r0 + j) * nb + b]), c[j]);
