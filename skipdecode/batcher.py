@@ -9,6 +9,11 @@ rows accepting different numbers of drafts would drift apart in position). Batch
 (for instance) a SkipDecode run and its full-decoding baseline see the same machine load. Each request
 gets its own stream of partial results and learns which batch it ran in.
 
+Where an engine runs its layers natively (the CPU default), plain requests (greedy or sampled, any
+schedule) instead join that engine's continuous batch (skipdecode/slots.py) at any step: rows at different
+positions and on different schedules share every decode step, and a finished row leaves at once. Beam
+searches and verified requests keep the batches of one position described above.
+
 Pure Python and threading: no web framework is imported here.
 """
 
@@ -28,6 +33,7 @@ from typing import Iterator, Sequence
 from .beam import Beam
 from .sampling import Sampling
 from .schedule import Schedule
+from .slots import Row, Slots, serves
 from .trace import Trace
 
 DEFAULT_WINDOW_S = 0.05  # how long an idle worker waits for company after the first request arrives
@@ -171,10 +177,14 @@ class Batcher:
     `time_limit_s`: a request's wall-time limit (None: none)."""
 
     def __init__(self, window_s: float = DEFAULT_WINDOW_S, max_rows: int = DEFAULT_MAX_ROWS,
-                 max_active: int = DEFAULT_MAX_ACTIVE, time_limit_s: float | None = None, history: int = 1000):
+                 max_active: int = DEFAULT_MAX_ACTIVE, time_limit_s: float | None = None, history: int = 1000,
+                 continuous: bool = True):
         if max_rows < 1 or max_active < 1:
             raise ValueError(f"max_rows and max_active must be >= 1; got {max_rows}, {max_active}")
         self.window_s, self.max_rows, self.max_active, self.time_limit_s = window_s, max_rows, max_active, time_limit_s
+        self.continuous = continuous  # plain requests on a native engine join its continuous batch
+        self._running: dict[int, _Continuous] = {}  # each engine's continuous batch, by id(engine)
+        self._waiting: list[list[_Request]] = []  # groups for batches of one position, past max_active
         self._inbox: queue.Queue[list[_Request] | None] = queue.Queue()
         self._lock = threading.RLock()  # held for every forward pass; see `exclusive`
         self._numbers = itertools.count(1)
@@ -250,17 +260,46 @@ class Batcher:
     # ---- the worker's side -------------------------------------------------------------------
     def _work(self) -> None:
         active: list[_Batch] = []
-        while not (self._closed and not active):
-            if not active:  # idle: block for a request, then wait briefly for company
+        while not (self._closed and not active and not self._running):
+            if not active and not self._running and not self._waiting:  # idle: block for a request
                 first = self._inbox.get()
                 if first is None:
                     return
-                time.sleep(self.window_s)
-                active = self._batches([first] + self._drain())
+                if not all(self._joins(r) for r in first):  # a batch of one position: wait briefly for company
+                    time.sleep(self.window_s)
+                self._waiting.append(first)
                 del first  # idle, this worker must not keep the last request's engine (and its memory) alive
-            elif len(active) < self.max_active:
-                active += self._batches(self._drain())
+            self._waiting += self._drain()
+            groups, self._waiting = self._waiting, []
+            for group in groups:  # continuous requests join now; the rest wait for a place among the batches
+                later = [r for r in group if not (self._joins(r) and self._join(r))]
+                if later:
+                    self._waiting.append(later)
+            if len(active) < self.max_active and self._waiting:
+                groups, self._waiting = self._waiting, []
+                active += self._batches(groups)
             active = [batch for batch in active if batch.advance(self._lock)]
+            for key, running in list(self._running.items()):
+                if not running.advance(self._lock):
+                    del self._running[key]
+
+    def _joins(self, request: _Request) -> bool:
+        """Whether `request` decodes in its engine's continuous batch (plain decoding on native layers)."""
+        job = request.job
+        return (self.continuous and job.beam is None and not getattr(job.engine, "batch_one", False)
+                and serves(job.engine))
+
+    def _join(self, request: _Request) -> bool:
+        """Hand `request` to its engine's continuous batch (made on first use); False if it fails to join."""
+        if request.cancelled:
+            return True
+        running = self._running.get(id(request.job.engine))
+        if running is None:
+            running = self._running[id(request.job.engine)] = _Continuous(request.job.engine, self.max_rows,
+                                                                          next(self._numbers))
+            self.history.append(running.info)
+        running.admit(request)
+        return True
 
     def _drain(self) -> list[list[_Request]]:
         groups = []
@@ -346,3 +385,57 @@ class _Batch:
             self.stream.close()
             return False
         return not generation.done
+
+
+class _Continuous:
+    """One engine's continuous batch (skipdecode/slots.py) and the requests its rows belong to: each step's
+    rows publish their requests' updates; requests past the batch's rows wait for a slot."""
+
+    def __init__(self, engine, max_rows: int, number: int):
+        self.engine, self.slots = engine, Slots(engine, max_rows)
+        self.waiting: deque[Row] = deque()
+        self.info = BatchInfo(number, 0, {}, time.time())
+
+    def admit(self, request: _Request) -> None:
+        job = request.job
+        self.waiting.append(Row(request.prompt_ids, job.schedule, job.max_new_tokens, job.sampling, job.stop_at_eos,
+                                owner=request))
+
+    def advance(self, lock) -> bool:
+        """One step of the continuous batch; False once it holds no row and none waits."""
+        now = time.monotonic()
+        for row in (*self.slots.rows, *self.waiting):
+            request = row.owner
+            if request.deadline is not None and now > request.deadline and not request.cancelled:
+                request.cancelled = True
+                request.send(request.timed_out())
+            row.cancelled = request.cancelled
+        self.slots.drop_finished()
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        while self.waiting and self.slots.room():
+            row = self.waiting.popleft()
+            try:
+                self.slots.add(row)
+            except Exception as error:  # a row that cannot join fails its own request
+                _fail([row.owner], error)
+        if not self.slots.rows:
+            return bool(self.waiting)
+        try:
+            with lock:
+                moved = self.slots.advance()
+        except Exception as error:  # a failed step fails the requests of its rows, never the worker
+            _fail([r.owner for r in self.slots.rows], error)
+            self.slots = Slots(self.engine, self.slots.max_rows)
+            return bool(self.waiting)
+        decode = self.engine.tokenizer.decode
+        self.info = dataclasses.replace(self.info, size=max(self.info.size, len(self.slots.rows)))
+        for row in moved:
+            request = row.owner
+            if request.cancelled:
+                continue
+            trace = dataclasses.replace(row.trace, steps=list(row.trace.steps),
+                                        cache_lengths=list(row.trace.cache_lengths))
+            info = BatchInfo(self.info.number, row.shared, row.schedule.to_dict(), self.info.started)
+            request.send(Update(0, info, request.prompt_ids, list(row.token_ids),
+                                decode(row.token_ids, skip_special_tokens=True), row.finished, row.finished, trace))
+        return True

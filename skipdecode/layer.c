@@ -52,6 +52,10 @@ typedef struct {
     float *cache; /* keys of layer l, row b, head h, column t at cache + l cl + b cb + h ch + t ct; values + cv */
     int64_t cl, cv, cb, ch, ct;
     int64_t start, T; /* the S new columns go at start..; attention over columns 0..T-1 */
+    /* Rows at different positions (skipdecode/slots.py: a continuous batch): row b's columns live in cache row
+       rows[b] and its S new ones go at starts[b]..; it attends over columns 0..starts[b] + S - 1 (T: at least
+       the largest). NULL: cache row b, and `start` for every row. */
+    const int64_t *rows, *starts;
 } Call;
 
 /* RMSNorm of one row: its sum of squares in 16 lanes, then halves added pairwise */
@@ -317,8 +321,10 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                 for (int64_t task = 0; task < call->B * Hkv; task++) {
                     if (!ok) continue;
                     const int64_t b = task / Hkv, g = task % Hkv;
+                    const int64_t slot = call->rows ? call->rows[b] : b;
+                    const int64_t start = call->starts ? call->starts[b] : call->start, T = start + S;
                     for (int64_t s = 0; s < S; s++) {
-                        const int64_t t = call->start + s;
+                        const int64_t t = start + s;
                         float *row = wk.qkv + (b * S + s) * width;
                         if (call->cos) {
                             const float *cos = call->cos + b * call->rb + s * call->rs;
@@ -326,15 +332,15 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                             for (int64_t h = g * group; h < (g + 1) * group; h++) rope(row + h * hd, cos, sin, hd, scores + call->T);
                             rope(row + (H + g) * hd, cos, sin, hd, scores + call->T);
                         }
-                        memcpy(keys + b * call->cb + g * call->ch + t * call->ct, row + (H + g) * hd, sizeof(float) * (size_t)hd);
-                        memcpy(values + b * call->cb + g * call->ch + t * call->ct, row + (H + Hkv + g) * hd,
+                        memcpy(keys + slot * call->cb + g * call->ch + t * call->ct, row + (H + g) * hd, sizeof(float) * (size_t)hd);
+                        memcpy(values + slot * call->cb + g * call->ch + t * call->ct, row + (H + Hkv + g) * hd,
                                sizeof(float) * (size_t)hd);
                     }
-                    const float *kv = keys + b * call->cb + g * call->ch;
+                    const float *kv = keys + slot * call->cb + g * call->ch;
                     for (int64_t s = 0; s < S; s++)
                         for (int64_t h = g * group; h < (g + 1) * group; h++)
                             attention_row(wk.qkv + (b * S + s) * width + h * hd, kv, kv + call->cv, call->ct,
-                                          call->mask ? call->mask + b * call->mb + s * call->ms : NULL, call->T, hd,
+                                          call->mask ? call->mask + b * call->mb + s * call->ms : NULL, T, hd,
                                           wk.att + (b * S + s) * H * hd + h * hd, scores, seen);
                 }
                 MARK(2);

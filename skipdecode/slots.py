@@ -1,0 +1,285 @@
+"""A continuous batch: rows at different positions, each on its own schedule, share every decode step.
+
+The paper leaves open how new requests join a running batch: a budget shared per position needs every row
+at the same position. Here each row keeps its own position and runs the layers its own schedule gives its
+own s-th token; at each layer only the rows whose layer set holds it run it, and a row that skips it passes
+its hidden state through. Each row's budget still never grows, so per row the columns that ran a layer are
+still a prefix of that row's sequence: every layer a row runs already holds all of that row's earlier keys
+and values, and nothing is recomputed. The cache keeps one length per row per layer, and the guard that a
+layer never runs past a hole holds row by row.
+
+A step groups the layers run by the same rows into one native call (layer.c, rows at their own
+columns): with warm-up plus top layers the sets are nested, so a step makes about one call per distinct
+budget among its rows, and its cost is the layers of its largest budget, each paid only by the rows that
+run it. A request joins at any step: its prompt runs in chunks between decode steps, so running rows never
+wait for a whole long prompt; a finished row frees its slot at once.
+
+Bits: layer.c computes every row from that row alone, so a row decodes here the tokens it decodes alone.
+This runs on the CPU's native path (a decoder whose layers are fused, `Decoder.fused`); elsewhere the
+batcher keeps its batches of one position (skipdecode/batcher.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import cache_dtype
+from .prefix import PrefixCache
+from .sampling import Sampling, next_tokens
+from .schedule import Schedule
+from .trace import StepRecord, Trace
+
+PREFILL_CHUNK = 64  # prompt tokens per prefill call between two decode steps
+WIDTH_QUANTUM = 128  # cache columns are allocated in multiples of this
+
+
+def serves(engine) -> bool:
+    """Whether `engine` can decode rows at different positions in one step (its layers are fused)."""
+    return getattr(engine.decoder, "fused", None) is not None
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence of the continuous batch: its prompt, schedule and limits, and what it has decoded."""
+
+    prompt_ids: list[int]
+    schedule: Schedule
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    stop_at_eos: bool = True
+    owner: object = None  # whoever follows the row (the batcher's request)
+    slot: int = -1
+    prefilled: int = 0  # prompt tokens whose keys and values are in the cache
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    cancelled: bool = False
+    shared: int = 1  # the most rows any of this row's steps ran with
+    trace: Trace = None
+    generator: torch.Generator | None = None
+
+    @property
+    def columns(self) -> int:
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled == len(self.prompt_ids) and not self.finished and not self.cancelled
+
+
+class SlotCache:
+    """Keys and values of every row: [layer, key/value, slot, head, column, dim], a row's sequence from column
+    0 of its slot, and `lengths[slot][layer]`: the columns that layer holds for that row."""
+
+    def __init__(self, dec, slots: int, width: int):
+        self.dec, self.data = dec, None
+        self.lengths: list[list[int]] = []
+        self.resize(slots, width)
+
+    def resize(self, slots: int, width: int) -> None:
+        """Room for `slots` rows of `width` columns, keeping what the current slots hold."""
+        dec = self.dec
+        data = torch.zeros(dec.num_layers, 2, slots, dec.num_kv_heads, width, dec.head_dim,
+                           dtype=cache_dtype(dec.dtype, dec.device), device=dec.device)
+        if self.data is not None:
+            keep_slots, keep_width = min(slots, self.slots), min(width, self.width)
+            data[:, :, :keep_slots, :, :keep_width] = self.data[:, :, :keep_slots, :, :keep_width]
+        self.data = data
+        self.lengths = (self.lengths + [[0] * dec.num_layers for _ in range(slots)])[:slots]
+
+    @property
+    def slots(self) -> int:
+        return self.data.shape[2]
+
+    @property
+    def width(self) -> int:
+        return self.data.shape[4]
+
+    def claim(self, slot: int, layers, start: int, count: int) -> None:
+        """Record `count` new columns at `start` in each of `layers` for `slot`; refuse a hole."""
+        lengths = self.lengths[slot]
+        for layer in layers:
+            if lengths[layer] != start:
+                raise RuntimeError(f"layer {layer} holds {lengths[layer]} positions of a row asked to run at column "
+                                   f"{start}: its schedule let a budget grow, which would need recomputation")
+            lengths[layer] = start + count
+
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+class Slots:
+    """The continuous batch of one engine: rows join (`add`), each `advance` runs one prefill chunk of a
+    joining row and one decode step of every decoding row, and a finished row leaves at once."""
+
+    def __init__(self, engine, max_rows: int = 16, prefixes: PrefixCache | None = None):
+        if not serves(engine):
+            raise ValueError("a continuous batch needs the native layers (Decoder.fused)")
+        self.engine, self.dec, self.max_rows = engine, engine.decoder, max_rows
+        self.prefixes = engine.prefixes if prefixes is None else prefixes
+        self.rows: list[Row] = []  # in order of arrival
+        self.cache: SlotCache | None = None
+        self.steps = 0  # decode steps run
+
+    # ---- rows joining and leaving --------------------------------------------------------------
+    def room(self) -> bool:
+        return len(self.rows) < self.max_rows
+
+    def add(self, row: Row) -> Row:
+        """Take `row` into a free slot (its prefill starts with the next `advance`)."""
+        if not self.room():
+            raise RuntimeError(f"the continuous batch is full ({self.max_rows} rows)")
+        if row.columns > self.dec.max_positions:
+            raise ValueError(f"prompt of {len(row.prompt_ids)} tokens + max_new_tokens {row.max_new_tokens} exceeds "
+                             f"the model's context of {self.dec.max_positions} tokens")
+        if row.schedule.num_layers != self.dec.num_layers:
+            raise ValueError(f"schedule is for {row.schedule.num_layers} layers but the model has "
+                             f"{self.dec.num_layers}")
+        used = {r.slot for r in self.rows}
+        row.slot = next(s for s in range(self.max_rows) if s not in used)
+        width = max([r.columns for r in self.rows] + [row.columns])
+        width = -(-width // WIDTH_QUANTUM) * WIDTH_QUANTUM
+        slots = 1 << row.slot.bit_length()  # a power of two above the slot
+        if self.cache is None:
+            self.cache = SlotCache(self.dec, slots, width)
+        elif slots > self.cache.slots or width > self.cache.width:
+            self.cache.resize(max(slots, self.cache.slots), max(width, self.cache.width))
+        self.cache.lengths[row.slot] = [0] * self.dec.num_layers
+        row.trace = Trace(self.dec.num_layers, 1, len(row.prompt_ids), row.schedule.to_dict())
+        row.generator = row.sampling.generator(self.dec.device)
+        self.rows.append(row)
+        return row
+
+    def drop_finished(self) -> list[Row]:
+        """Free the slots of finished and cancelled rows; the rows that left."""
+        gone = [r for r in self.rows if r.finished or r.cancelled]
+        self.rows = [r for r in self.rows if not (r.finished or r.cancelled)]
+        if not self.rows:
+            self.cache = None  # an idle engine holds no cache
+        return gone
+
+    # ---- work ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def advance(self) -> list[Row]:
+        """One prefill chunk (the oldest joining row's) and one decode step of every decoding row; the rows
+        that moved (a row whose prefill ended has its first token)."""
+        moved = []
+        joining = [r for r in self.rows if r.prefilled < len(r.prompt_ids) and not r.cancelled]
+        if joining:
+            row = joining[0]
+            if self._prefill_chunk(row):
+                moved.append(row)
+        decoding = [r for r in self.rows if r.decoding and r.token_ids]
+        if decoding:
+            self._step(decoding)
+            moved += decoding
+        return moved
+
+    def _prefill_chunk(self, row: Row) -> bool:
+        """The next chunk of `row`'s prompt through every layer; True when the prompt is done (its first
+        token chosen)."""
+        dec, cache, ids = self.dec, self.cache, row.prompt_ids
+        started = time.perf_counter()
+        if row.prefilled == 0 and self.prefixes is not None:
+            m, kv = self.prefixes.lookup(dec, ids)
+            if m:
+                cache.data[:, :, row.slot, :, :m] = kv[:, :, :, :m]
+                cache.lengths[row.slot] = [m] * dec.num_layers
+                row.prefilled = row.trace.prefix_tokens = m
+        a = row.prefilled
+        b = min(len(ids), a + PREFILL_CHUNK)
+        positions = torch.arange(a, b, device=dec.device)[None]
+        x, rope = dec.embed(torch.tensor([ids[a:b]], device=dec.device), positions), dec.rope(positions, limit=b)
+        allowed = torch.arange(b, device=dec.device)[None, :] <= positions[0, :, None]  # causal: [S, b]
+        mask = dec.attention_bias(allowed)[None, None]
+        layers = list(range(dec.num_layers))
+        cache.claim(row.slot, layers, a, b - a)
+        x = self._call(layers, x, rope, mask, [row.slot], [a])
+        row.prefilled = b
+        done = b == len(ids)
+        if done:
+            if self.prefixes is not None:
+                self.prefixes.store(dec, ids, _SlotView(cache, row.slot))
+            self._choose([row], dec.logits(x[:, -1]))
+        row.trace.prefill_ms += (time.perf_counter() - started) * 1000.0
+        return done
+
+    def _step(self, rows: list[Row]) -> None:
+        """Each row's last token through the layers of its own schedule at its own position, in one call per
+        run of consecutive layers that the same rows run."""
+        dec, cache = self.dec, self.cache
+        started = time.perf_counter()
+        steps = [len(r.token_ids) - 1 for r in rows]  # generated position each row feeds back
+        starts = [len(r.prompt_ids) + s for r, s in zip(rows, steps)]
+        layer_sets = [r.schedule.layers(s) for r, s in zip(rows, steps)]
+        tokens = torch.tensor([[r.token_ids[-1]] for r in rows], device=dec.device)
+        positions = torch.tensor([[c] for c in starts], device=dec.device)
+        x, rope = dec.embed(tokens, positions), dec.rope(positions, limit=max(starts) + 1)
+        for i, r in enumerate(rows):
+            cache.claim(r.slot, layer_sets[i], starts[i], 1)
+        spent = [0.0] * len(rows)  # the time of the calls each row ran in
+        for layers, members in segments(layer_sets, dec.num_layers):
+            began = time.perf_counter()
+            index = torch.tensor(members, device=dec.device)
+            part = x if len(members) == len(rows) else x[index]
+            part_rope = rope if len(members) == len(rows) else (rope[0][index], rope[1][index])
+            out = self._call(layers, part, part_rope, None, [rows[i].slot for i in members],
+                             [starts[i] for i in members])
+            if len(members) == len(rows):
+                x = out
+            else:
+                x[index] = out
+            for i in members:
+                spent[i] += time.perf_counter() - began
+        in_calls = max(spent) if spent else 0.0
+        self._choose(rows, dec.logits(x[:, -1]))
+        total = time.perf_counter() - started
+        self.steps += 1
+        for i, r in enumerate(rows):  # the calls a row ran in, and the step's shared work (embed, head, choice)
+            ms = (spent[i] + total - in_calls) * 1000.0
+            r.trace.steps.append(StepRecord(steps[i], len(layer_sets[i]), layer_sets[i],
+                                            r.schedule.skipped(steps[i]), ms, len(rows)))
+            r.shared = max(r.shared, len(rows))
+
+    def _call(self, layers, x, rope, mask, slots: list[int], starts: list[int]) -> torch.Tensor:
+        data = self.cache.data
+        return self.dec.fused.forward(layers, x, rope, mask, data[0, 0], max(starts), data.stride(1),
+                                      data.stride(0), rows=torch.tensor(slots, dtype=torch.int64),
+                                      starts=torch.tensor(starts, dtype=torch.int64))
+
+    def _choose(self, rows: list[Row], logits: torch.Tensor) -> None:
+        """Each row's next token from its logits row, by its own sampling and generator."""
+        eos = self.engine.eos_ids
+        greedy = logits.argmax(dim=-1).tolist() if any(r.sampling.greedy for r in rows) else None
+        for i, r in enumerate(rows):
+            t = greedy[i] if r.sampling.greedy else int(next_tokens(logits[i:i + 1], r.sampling, r.generator)[0])
+            r.token_ids.append(t)
+            r.trace.generated_tokens += 1
+            r.finished = (r.stop_at_eos and t in eos) or len(r.token_ids) == r.max_new_tokens
+            if r.finished:
+                r.trace.cache_lengths = list(self.cache.lengths[r.slot])
+
+
+class _SlotView:
+    """One slot of a SlotCache in the shape PrefixCache.store reads (data[:, :, 0] is the row)."""
+
+    def __init__(self, cache: SlotCache, slot: int):
+        self.data = cache.data[:, :, slot:slot + 1]
+
+
+def segments(layer_sets: list[tuple[int, ...]], num_layers: int) -> list[tuple[list[int], list[int]]]:
+    """(layers, rows) for each run of layers, bottom to top, that the same rows run (layers that no row runs
+    between them do not break a run: every row passes them through); rows by index into `layer_sets`."""
+    sets = [set(s) for s in layer_sets]
+    out: list[tuple[list[int], list[int]]] = []
+    for layer in range(num_layers):
+        members = [i for i, s in enumerate(sets) if layer in s]
+        if not members:
+            continue
+        if out and out[-1][1] == members:
+            out[-1][0].append(layer)
+        else:
+            out.append(([layer], members))
+    return out

@@ -1,0 +1,135 @@
+"""The continuous batch (skipdecode/slots.py) on the C kernels: rows at different positions and on different
+schedules share each step and decode exactly what they decode alone; rows join mid-run and leave at once;
+a row's cache never has a hole; and the batcher serves plain requests through it."""
+
+import time
+
+import pytest
+import torch
+
+from skipdecode.batcher import Batcher
+from skipdecode.sampling import Sampling
+from skipdecode.schedule import Schedule
+from skipdecode.slots import PREFILL_CHUNK, Row, SlotCache, Slots, segments
+
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from test_compiled import tiny_int4
+
+    return tiny_int4(c_kernels=True)
+
+
+def plans(L):
+    """Four schedules whose layer sets are not all nested (warm-up 1 and 2) and one sampled row."""
+    return [(Schedule(L, 6, 3, warmup=1, horizon=8), Sampling()),
+            (Schedule.full(L), Sampling()),
+            (Schedule(L, 5, 3, warmup=2, horizon=4), Sampling(temperature=0.9, seed=7)),
+            (Schedule(L, 4, 2, warmup=1, horizon=3), Sampling())]
+
+
+def prompts():
+    g = torch.Generator().manual_seed(3)
+    long = torch.randint(2, 200, (PREFILL_CHUNK + 9,), generator=g).tolist()  # two prefill chunks
+    return [[1, 17, 43, 99, 5], long, [1, 250, 7], [1, 8, 9, 10, 11, 12, 13, 14]]
+
+
+def alone(engine, ids, schedule, sampling):
+    return engine.generate([ids], schedule, max_new_tokens=NEW, sampling=sampling, stop_at_eos=False).token_ids[0]
+
+
+def test_segments_group_the_layers_each_set_of_rows_runs():
+    sets = [(0, 1, 4, 5), (0, 1, 2, 3, 4, 5), (0, 5)]  # bottom to top: a layer runs after those below it
+    assert segments(sets, 6) == [([0], [0, 1, 2]), ([1], [0, 1]), ([2, 3], [1]), ([4], [0, 1]), ([5], [0, 1, 2])]
+    assert segments([(0, 4, 5), (0, 4, 5)], 6) == [([0, 4, 5], [0, 1])]  # no row runs 1-3: one call
+    assert segments([(0, 1, 3, 4, 5), (0, 1, 4, 5)], 6) == [([0, 1], [0, 1]), ([3], [0]), ([4, 5], [0, 1])]
+
+
+def test_rows_joining_mid_run_decode_what_they_decode_alone(engine):
+    L = engine.num_layers
+    expected = [alone(engine, ids, s, sm) for ids, (s, sm) in zip(prompts(), plans(L))]
+    slots = Slots(engine, max_rows=4, prefixes=None)
+    rows = [Row(ids, s, NEW, sm, stop_at_eos=False) for ids, (s, sm) in zip(prompts(), plans(L))]
+    shared = set()
+    for i, row in enumerate(rows):  # one joins every other step, the rest keep decoding meanwhile
+        slots.add(row)
+        for _ in range(2):
+            slots.advance()
+    while any(not r.finished for r in rows):
+        slots.advance()
+        shared |= {step.rows for r in rows for step in r.trace.steps}
+    assert [r.token_ids for r in rows] == expected
+    assert max(shared) == 4  # all four rows shared a step at their own positions
+    assert [len(r.trace.steps) for r in rows] == [NEW - 1] * 4
+    for r, (s, _) in zip(rows, plans(L)):
+        assert [step.layers for step in r.trace.steps] == [s.layers(k) for k in range(NEW - 1)]
+        assert r.trace.cache_lengths == [len(r.prompt_ids) + sum(l in s.layers(k) for k in range(NEW - 1))
+                                         for l in range(L)]
+    assert slots.drop_finished() == rows and slots.cache is None  # an idle batch holds no cache
+
+
+def test_a_finished_row_frees_its_slot_for_the_next(engine):
+    L = engine.num_layers
+    slots = Slots(engine, max_rows=2, prefixes=None)
+    short = slots.add(Row([1, 5, 6], Schedule.full(L), 2, stop_at_eos=False))
+    long = slots.add(Row([1, 7, 8, 9], Schedule(L, 6, 3, warmup=1, horizon=8), NEW, stop_at_eos=False))
+    assert not slots.room()
+    while not short.finished:
+        slots.advance()
+    slots.drop_finished()
+    late = slots.add(Row([1, 250, 7], Schedule.full(L), 4, stop_at_eos=False))
+    assert late.slot == short.slot and slots.cache.lengths[late.slot] == [0] * L
+    while not (late.finished and long.finished):
+        slots.advance()
+    assert late.token_ids == alone(engine, [1, 250, 7], Schedule.full(L), Sampling())[:4]
+    assert long.token_ids == alone(engine, [1, 7, 8, 9], Schedule(L, 6, 3, warmup=1, horizon=8), Sampling())
+
+
+def test_the_cache_refuses_a_hole_row_by_row(engine):
+    cache = SlotCache(engine.decoder, 2, 16)
+    cache.claim(0, range(6), 0, 4)
+    cache.claim(1, range(6), 0, 2)
+    cache.claim(0, (0, 5), 4, 1)  # row 0 skips layers 1-4 at column 4
+    with pytest.raises(RuntimeError, match="budget grow"):
+        cache.claim(0, (0, 3, 5), 5, 1)  # layer 3 would attend over column 4, which it never ran
+    cache.claim(1, range(6), 2, 1)  # row 1's own lengths are untouched by row 0's
+
+
+def test_the_batcher_runs_plain_requests_as_one_continuous_batch(engine):
+    L = engine.num_layers
+    batcher = Batcher()
+    try:
+        first = batcher.submit(engine, prompts()[1], Schedule.full(L), NEW, stop_at_eos=False)
+        next(iter(first))  # the first request is decoding before the second arrives
+        second = batcher.submit(engine, prompts()[0], plans(L)[0][0], NEW, stop_at_eos=False)
+        a, b = first.result(), second.result()
+    finally:
+        batcher.close()
+    assert a.token_ids == alone(engine, prompts()[1], Schedule.full(L), Sampling())
+    assert b.token_ids == alone(engine, prompts()[0], plans(L)[0][0], Sampling())
+    assert a.batch.number == b.batch.number and b.batch.size == 2 and a.done and b.done
+    assert max(step.rows for step in b.trace.steps) == 2
+
+
+def test_cancel_and_the_time_limit_stop_a_continuous_row(engine):
+    L = engine.num_layers
+    batcher = Batcher(time_limit_s=0.001)
+    try:
+        ticket = batcher.submit(engine, prompts()[1], Schedule.full(L), 100, stop_at_eos=False)
+        time.sleep(0.01)
+        with pytest.raises(TimeoutError, match="time limit"):
+            ticket.result()
+    finally:
+        batcher.close()
+    batcher = Batcher()
+    try:
+        ticket = batcher.submit(engine, prompts()[0], Schedule.full(L), 200, stop_at_eos=False)
+        next(iter(ticket))
+        ticket.cancel()
+        other = batcher.submit(engine, prompts()[2], Schedule.full(L), 3, stop_at_eos=False).result()
+        assert other.token_ids == alone(engine, prompts()[2], Schedule.full(L), Sampling())[:3]
+        assert other.batch.size == 1  # the cancelled row had left
+    finally:
+        batcher.close()
