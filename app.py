@@ -23,6 +23,7 @@ QUEUE_ENV = "SKIPDECODE_QUEUE_SIZE"
 CONCURRENCY_ENV = "SKIPDECODE_CONCURRENCY"  # decoding requests in flight at once (they share batches)
 TIME_LIMIT_ENV = "SKIPDECODE_TIME_LIMIT_S"  # wall time one request may take
 MAX_MODELS_ENV = "SKIPDECODE_MAX_MODELS"  # models held in memory at once (the base one included)
+BATCHING_ENV = "SKIPDECODE_BATCHING"  # "continuous" (rows join a running batch) or "positions" (batches of one position)
 
 
 def server_name() -> str:
@@ -57,6 +58,10 @@ def main(argv=None) -> None:
     parser.add_argument("--max-models", type=positive(int), default=os.environ.get(MAX_MODELS_ENV, Limits.max_models),
                         help=f"models kept in memory, the base one included, at least 3 (${MAX_MODELS_ENV}, "
                              f"default {Limits.max_models}); others are loaded again when asked for")
+    parser.add_argument("--batching", choices=["continuous", "positions"],
+                        default=os.environ.get(BATCHING_ENV, "continuous"),
+                        help="continuous: plain requests join a running batch at any step (skipdecode/slots.py); "
+                             "positions: requests that arrive together share a batch whose rows stay at one position")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -64,7 +69,8 @@ def main(argv=None) -> None:
     except ValueError as error:
         parser.error(f"--max-models: {error}")
     window = float(os.environ.get(WINDOW_ENV, DEFAULT_WINDOW_S))
-    batcher = (gpu.ProcessBatcher if gpu.zero_gpu() else Batcher)(window_s=window, time_limit_s=limits.time_limit_s)
+    batcher = (gpu.ProcessBatcher if gpu.zero_gpu() else Batcher)(window_s=window, time_limit_s=limits.time_limit_s,
+                                                                  continuous=args.batching == "continuous")
     studio = Studio(limits=limits, batcher=batcher)
     if gpu.zero_gpu():
         gpu.preload(studio)  # every model, in this thread; no decoding here: this process has no GPU

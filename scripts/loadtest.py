@@ -4,6 +4,7 @@
     python scripts/loadtest.py load    # 32 users x 3 requests at once: every answer checked, p50/p95, batch sizes
     python scripts/loadtest.py soak    # 200 requests one after another: the server's resident memory over time
     python scripts/loadtest.py models  # every model choice twice, then 50 at random: memory stays bounded
+    python scripts/loadtest.py class   # a class: 30 visitors over 15 s, one comparison each, against the solo time
     python scripts/loadtest.py         # all three, each against a freshly started app
 
 Each phase starts `python app.py` (as `make demo` serves it) on a free 127.0.0.1 port, talks to it only
@@ -55,6 +56,18 @@ def prompts(count: int) -> list[str]:
     if len(items) < count:
         raise SystemExit(f"need {count} distinct E2E test MRs, found {len(items)}")
     return [item.prompt for item in items[:count]]
+
+
+def chat_prompts(count: int) -> list[str]:
+    """General chat prompts no test or validation run uses: the pool's held-out prompts from the far end of
+    their hash order (the validation set is its start), short enough for a visitor's typing."""
+    from skipdecode.evaluation import general
+
+    held = general.by_hash(general.read_prompts(general.pool_file()), general.held_out)
+    chosen = [p for p in reversed(held) if 20 <= len(p) <= 200][:count]
+    if len(chosen) < count:
+        raise SystemExit(f"need {count} held-out chat prompts, found {len(chosen)}")
+    return chosen
 
 
 def base_label() -> str:
@@ -223,6 +236,112 @@ def soak(args) -> dict:
             "latency": latency(good), "machine": during}
 
 
+def classroom(args) -> dict:
+    """A class: `visitors` people, arriving evenly over `spread` seconds, each pressing Run once on a prompt of
+    their own (a comparison, the page's default model choice), after `solo` visitors one at a time. Each
+    batching mode against a fresh app; every answer checked against its prompt decoded alone."""
+    texts = chat_prompts(args.visitors + args.solo)
+    settings = dict(speedup=args.speedup, max_new_tokens=args.class_tokens, model="auto")
+    runs = {}
+    for mode in (["positions", "continuous"] if args.batching == "both" else [args.batching]):
+        server = start(f"loadtest-class-{mode}", args=("--batching", mode))
+        try:
+            from gradio_client import Client
+
+            solo = [ask(Client(server.url, verbose=False), Outcome(-1, k, texts[args.visitors + k], settings), args)
+                    for k in range(args.solo)]
+            clients = [Client(server.url, verbose=False) for _ in range(args.visitors)]
+            begin = time.monotonic() + 1.0
+
+            def visitor(v: int) -> Outcome:
+                time.sleep(max(begin + v * args.spread / args.visitors - time.monotonic(), 0.0))
+                return ask(clients[v], Outcome(v, 0, texts[v], settings), args)
+
+            with ThreadPoolExecutor(args.visitors) as pool:
+                outcomes = list(pool.map(visitor, range(args.visitors)))
+            makespan = time.monotonic() - begin
+            during = machine(server.process.pid)
+        finally:
+            server.stop()
+        shared = [max((s["rows"] for side in ("skipdecode", "full") for s in o.result[side]["trace"]["steps"]),
+                      default=0) for o in outcomes if o.result]
+        tokens = sum(len(o.result[side]["token_ids"]) for o in outcomes if o.result for side in ("skipdecode", "full"))
+        solo_s = float(np.median([o.seconds for o in solo if o.error is None] or [float("nan")]))
+        lat = latency(outcomes)
+        runs[mode] = {"solo_s": round(solo_s, 2), "latency": lat,
+                      "p95_over_solo": round(lat.get("p95_s", float("nan")) / solo_s, 2),
+                      "errors": sum(o.error is not None for o in outcomes), "makespan_s": round(makespan, 1),
+                      "tokens_per_s": round(tokens / makespan, 1), "rows_sharing_a_step": sorted(shared),
+                      "problems": check_models(solo + outcomes, args.class_tokens), "machine": during}
+    peer = llama_server_class(args, texts) if args.llama_server else None
+    return {"phase": "class", "visitors": args.visitors, "spread_s": args.spread, "settings": settings, "runs": runs,
+            "llama_server": peer}
+
+
+def llama_server_class(args, texts: list[str]) -> dict:
+    """The same arrivals against llama.cpp's own server (`--llama-server`: -np 16, continuous batching, 2
+    threads) on the very GGUF file the Studio runs: full depth only, one answer a visitor, then two (the token
+    volume of a comparison's two sides), greedy, through its chat template."""
+    import urllib.request
+
+    from skipdecode.models import default_gguf
+
+    port = free_port()
+    server = subprocess.Popen([str(args.llama_server), "-m", str(default_gguf()), "--host", "127.0.0.1", "--port",
+                               str(port), "-np", "16", "--cont-batching", "-t", "2", "-c", str(16 * 1024)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def post(prompt: str) -> None:
+        body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": args.class_tokens,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=args.request_timeout) as answer:
+            json.loads(answer.read())
+
+    runs = {}
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        for answers in (1, 2):
+            def timed(v: int) -> float:
+                started = time.perf_counter()
+                with ThreadPoolExecutor(answers) as pool:
+                    list(pool.map(post, [texts[v]] * answers))
+                return time.perf_counter() - started
+
+            solo = float(np.median([timed(args.visitors + k) for k in range(args.solo)]))
+            begin = time.monotonic() + 1.0
+
+            def visitor(v: int) -> float:
+                time.sleep(max(begin + v * args.spread / args.visitors - time.monotonic(), 0.0))
+                return timed(v)
+
+            with ThreadPoolExecutor(args.visitors) as pool:
+                seconds = list(pool.map(visitor, range(args.visitors)))
+            p50, p95 = np.percentile(seconds, [50, 95])
+            runs[f"{answers} answer{'s' if answers > 1 else ''} a visitor"] = {
+                "solo_s": round(solo, 2), "p50_s": round(float(p50), 2), "p95_s": round(float(p95), 2),
+                "max_s": round(max(seconds), 2), "p95_over_solo": round(float(p95) / solo, 2)}
+    finally:
+        server.terminate()
+        server.wait(30)
+    return runs
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def check_models(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:
     """Each answer against the engine of the model the server says it ran (the adapter for "auto"),
     decoding the prompt alone: one model loaded at a time, so the check's own memory stays small."""
@@ -291,7 +410,22 @@ def report(result: dict) -> None:
     load_note = (f"machine: {m['cores']} cores, load average {m['loadavg_1_5_15']}; also busy: "
                  + ("; ".join(f"{b['command'][:60]} ({b['cpu_percent']:.0f}% CPU, nice {b['nice']})"
                               for b in m["busy"]) or "nothing"))
-    if result["phase"] == "models":
+    if result["phase"] == "class":
+        print(f"CLASS: {result['visitors']} visitors over {result['spread_s']:g} s, one comparison each "
+              f"({result['settings']})")
+        for mode, run in result["runs"].items():
+            lat = run["latency"]
+            print(f"  {mode}: solo {run['solo_s']} s; p50 {lat.get('p50_s')} s, p95 {lat.get('p95_s')} s, max "
+                  f"{lat.get('max_s')} s: p95 {run['p95_over_solo']}x solo; {run['errors']} errors, "
+                  f"{len(run['problems'])} problems; {run['tokens_per_s']} tokens/s over {run['makespan_s']} s; "
+                  f"rows sharing a step, at most: {run['rows_sharing_a_step']}")
+            for problem in run["problems"]:
+                print("  PROBLEM:", problem)
+        for name, run in (result["llama_server"] or {}).items():
+            print(f"  llama-server, {name}: solo {run['solo_s']} s; p50 {run['p50_s']} s, p95 {run['p95_s']} s, max "
+                  f"{run['max_s']} s: p95 {run['p95_over_solo']}x solo")
+        m = next(iter(result["runs"].values()))["machine"]
+    elif result["phase"] == "models":
         print(f"MODELS: {len(result['choices'])} model choices walked twice, then {result['requests'] - 2 * len(result['choices'])} "
               f"at random: {result['requests']} requests, {len(result['problems'])} problems")
         print(f"  server RSS after the first request {result['rss_after_first_mb']:.0f} MB, peak "
@@ -325,7 +459,15 @@ def report(result: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", nargs="?", choices=["load", "soak", "models", "all"], default="all")
+    parser.add_argument("phase", nargs="?", choices=["load", "soak", "models", "class", "all"], default="all")
+    parser.add_argument("--visitors", type=int, default=30, help="class: visitors, one comparison each")
+    parser.add_argument("--spread", type=float, default=15.0, help="class: seconds over which they arrive")
+    parser.add_argument("--solo", type=int, default=3, help="class: visitors one at a time first, for the solo time")
+    parser.add_argument("--class-tokens", type=int, default=48, help="class: new tokens per answer")
+    parser.add_argument("--llama-server", type=Path, help="class: llama.cpp's llama-server binary, for the same "
+                        "arrivals against it (make bench-peers builds it)")
+    parser.add_argument("--batching", choices=["continuous", "positions", "both"], default="both",
+                        help="class: the app's batching (both: each against a fresh app, positions first)")
     parser.add_argument("--users", type=int, default=32)
     parser.add_argument("--requests", type=int, default=3, help="requests per user, one after another")
     parser.add_argument("--soak", type=int, default=200, help="sequential requests of the soak")
@@ -339,12 +481,14 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=1800.0, help="seconds the whole run may take")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    if not (1 <= args.users <= 64 and 1 <= args.requests <= 10 and 20 <= args.soak <= 1000):
-        parser.error("bounded on purpose: users 1..64, requests 1..10, soak 20..1000")
+    if not (1 <= args.users <= 64 and 1 <= args.requests <= 10 and 20 <= args.soak <= 1000
+            and 1 <= args.visitors <= 64 and 0 < args.spread <= 120 and 1 <= args.solo <= 10):
+        parser.error("bounded on purpose: users 1..64, requests 1..10, soak 20..1000, visitors 1..64, spread up to "
+                     "120 s, solo 1..10")
     args.deadline = time.monotonic() + args.time_limit
     results = []
-    for phase in (("load", load), ("soak", soak), ("models", models)):
-        if args.phase in (phase[0], "all"):
+    for phase in (("load", load), ("soak", soak), ("models", models), ("class", classroom)):
+        if args.phase == phase[0] or (args.phase == "all" and phase[0] != "class"):  # "all": the first three
             print(f"{phase[0]}: starting a fresh app…", flush=True)
             results.append(phase[1](args))
             report(results[-1])
@@ -352,6 +496,7 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({"command": " ".join(["python scripts/loadtest.py", *(argv or sys.argv[1:])]),
                                         "results": results}, indent=1))
     ok = all(not r.get("problems") and not r.get("failures") and r.get("errors", 0) == 0 for r in results)
+    ok = ok and all(not run["problems"] and not run["errors"] for r in results for run in r.get("runs", {}).values())
     soak_ok = all(abs(r["rss_change_percent"]) < 10 for r in results if r["phase"] == "soak")
     models_ok = all(r["peak_over_first"] <= r["budget"] for r in results if r["phase"] == "models")
     return 0 if ok and soak_ok and models_ok else 1
