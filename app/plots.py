@@ -272,21 +272,28 @@ def kv_cache_figure(panels: list[tuple[str, np.ndarray]], prompt_tokens: int) ->
 
 # ---- Batch tab ----------------------------------------------------------------------------------
 def batch_budget_figure(cells: pd.DataFrame, num_layers: int) -> go.Figure:
-    """Rows x positions of one batch, coloured by the budget every row shares at that position; blank
-    where a row had already finished (and was compacted away)."""
-    _require(cells, ["row", "step", "budget"], "the batch cells")
+    """Rows x the batch's steps, each cell coloured by the budget its row ran there (its own position's);
+    blank before a row joined and after it left. In a batch of one position every row is in step (tick =
+    position); in a continuous batch rows join and leave at their own steps, each at its own position."""
+    _require(cells, ["row", "step", "budget", "tick"], "the batch cells")
     rows = sorted(cells["row"].unique())
-    steps = int(cells["step"].max()) + 1 if len(cells) else 0
-    grid = np.full((len(rows), steps), np.nan)
+    first = int(cells["tick"].min()) if len(cells) else 0
+    ticks = int(cells["tick"].max()) - first + 1 if len(cells) else 0
+    grid, position = np.full((len(rows), ticks), np.nan), np.full((len(rows), ticks), np.nan)
     for cell in cells.itertuples():
-        grid[rows.index(cell.row), cell.step] = cell.budget
+        grid[rows.index(cell.row), cell.tick - first] = cell.budget
+        position[rows.index(cell.row), cell.tick - first] = cell.step + 1
+    in_step = bool((cells["tick"] - first == cells["step"]).all())
     fig = go.Figure(go.Heatmap(
-        z=grid, x=np.arange(steps), y=[f"row {r}" for r in rows], zmin=0, zmax=num_layers, xgap=1, ygap=2,
-        colorscale=[[0, "#e0e7ff"], [1, SKIP]], colorbar=dict(title=dict(text="layers"), thickness=12),
-        hovertemplate="%{y}, position %{x}: %{z} layers<extra></extra>"))
-    fig.update_xaxes(title="generated position s", showgrid=False)
+        z=grid, x=np.arange(1, ticks + 1), y=[f"prompt {r + 1}" for r in rows], zmin=0, zmax=num_layers, xgap=1,
+        ygap=2, customdata=position, colorscale=[[0, "#e0e7ff"], [1, SKIP]],
+        colorbar=dict(title=dict(text="layers"), thickness=12),
+        hovertemplate="%{y}, step %{x}: its token %{customdata}, %{z} layers<extra></extra>"))
+    fig.update_xaxes(title="decode step of the batch", showgrid=False)
     fig.update_yaxes(autorange="reversed", showgrid=False)
-    return _style(fig, "One budget per position, shared by every row", height=180 + 28 * len(rows), legend=False)
+    title = ("One budget per position, shared by every row" if in_step
+             else "Rows join and leave the running batch, each at its own position and budget")
+    return _style(fig, title, height=180 + 28 * len(rows), legend=False)
 
 
 def throughput_figure(points: pd.DataFrame) -> go.Figure:

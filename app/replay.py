@@ -91,7 +91,8 @@ def comparison(record: dict) -> Comparison:
     def update(side: dict) -> Update:
         t = side["trace"]
         trace = Trace(t["num_layers"], t["batch_size"], t["prompt_tokens"], t["schedule"], t["prefill_ms"],
-                      [StepRecord(s["step"], s["budget"], tuple(s["layers"]), tuple(s["skipped"]), s["ms"], s["rows"])
+                      [StepRecord(s["step"], s["budget"], tuple(s["layers"]), tuple(s["skipped"]), s["ms"], s["rows"],
+                                  s.get("tick"))
                        for s in t["steps"]], t["generated_tokens"], list(t["cache_lengths"]))
         batch = BatchInfo(side["batch"]["number"], side["batch"]["size"], t["schedule"], side["batch"]["started"])
         return Update(0, batch, side["prompt_ids"], side["token_ids"], side["text"], side["finished"], True, trace)

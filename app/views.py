@@ -304,15 +304,18 @@ def cache_panels(comparison: Comparison, exits: list[int]) -> list[tuple[str, np
 
 # ---- Batch --------------------------------------------------------------------------------------
 def batch_cells(run: BatchRun) -> pd.DataFrame:
-    """(row, step, budget) for every position each row still needed; the budget is the batch's."""
+    """(row, step, budget, tick) for every position each prompt's row still needed: `tick`, the running
+    batch's step it ran in (a continuous batch, skipdecode/slots.py: rows join and leave at their own steps),
+    else the position itself (a batch of one position: every row in step)."""
     cells = []
-    for update in run.skip:
+    for row, update in enumerate(run.skip):
         if update is None:
             continue
         steps = update.trace.steps
         useful = max(len(update.token_ids) - 1, 0) if update.finished else len(steps)
-        cells += [{"row": update.row, "step": s.step, "budget": s.budget} for s in steps[:useful]]
-    return pd.DataFrame(cells, columns=["row", "step", "budget"])
+        cells += [{"row": row, "step": s.step, "budget": s.budget, "tick": s.step if s.tick is None else s.tick}
+                  for s in steps[:useful]]
+    return pd.DataFrame(cells, columns=["row", "step", "budget", "tick"])
 
 
 def batch_table(run: BatchRun) -> pd.DataFrame:

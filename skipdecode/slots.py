@@ -240,7 +240,7 @@ class Slots:
         for i, r in enumerate(rows):  # the calls a row ran in, and the step's shared work (embed, head, choice)
             ms = (spent[i] + total - in_calls) * 1000.0
             r.trace.steps.append(StepRecord(steps[i], len(layer_sets[i]), layer_sets[i],
-                                            r.schedule.skipped(steps[i]), ms, len(rows)))
+                                            r.schedule.skipped(steps[i]), ms, len(rows), self.steps - 1))
             r.shared = max(r.shared, len(rows))
 
     def _call(self, layers, x, rope, mask, slots: list[int], starts: list[int]) -> torch.Tensor:

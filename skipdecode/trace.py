@@ -15,11 +15,13 @@ class StepRecord:
     layers: tuple[int, ...]
     skipped: tuple[int, ...]
     ms: float
-    rows: int  # rows still generating (finished rows are compacted away)
+    rows: int  # rows still generating (finished rows are compacted away), or sharing a continuous batch's step
+    tick: int | None = None  # which step of a continuous batch this was (skipdecode/slots.py); None elsewhere
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "budget": self.budget, "layers": list(self.layers),
-                "skipped": list(self.skipped), "ms": round(self.ms, 4), "rows": self.rows}
+        out = {"step": self.step, "budget": self.budget, "layers": list(self.layers),
+               "skipped": list(self.skipped), "ms": round(self.ms, 4), "rows": self.rows}
+        return out if self.tick is None else {**out, "tick": self.tick}
 
 
 @dataclass

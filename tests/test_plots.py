@@ -207,11 +207,24 @@ def test_token_shading_follows_the_layers_that_chose_each_token():
 
 
 def test_batch_budget_figure_leaves_finished_rows_blank():
-    cells = pd.DataFrame({"row": [0, 0, 0, 1], "step": [0, 1, 2, 0], "budget": [4, 3, 2, 4]})
+    cells = pd.DataFrame({"row": [0, 0, 0, 1], "step": [0, 1, 2, 0], "budget": [4, 3, 2, 4], "tick": [0, 1, 2, 0]})
     fig = plots.batch_budget_figure(cells, L)
     z = np.array(fig.data[0].z, dtype=float)
     assert z.shape == (2, 3) and list(z[0]) == [4, 3, 2]
     assert z[1, 0] == 4 and math.isnan(z[1, 1]) and math.isnan(z[1, 2])
+    assert "shared by every row" in fig.layout.title.text
+
+
+def test_batch_budget_figure_draws_rows_joining_a_running_batch_at_their_own_positions():
+    """A continuous batch: prompt 2 joins at the batch's step 7 (its tick) with its own first position while
+    prompt 1 is at its third; each cell is its row's own budget, blank before it joined and after it left."""
+    cells = pd.DataFrame({"row": [0, 0, 0, 1, 1], "step": [0, 1, 2, 0, 1], "budget": [4, 3, 2, 4, 3],
+                          "tick": [5, 6, 7, 7, 8]})
+    fig = plots.batch_budget_figure(cells, L)
+    z, at = np.array(fig.data[0].z, dtype=float), np.array(fig.data[0].customdata, dtype=float)
+    assert z.shape == (2, 4) and list(z[0, :3]) == [4, 3, 2] and math.isnan(z[0, 3])
+    assert math.isnan(z[1, 0]) and list(z[1, 2:]) == [4, 3] and at[1, 2] == 1 and at[0, 2] == 3
+    assert "join and leave" in fig.layout.title.text
 
 
 def test_throughput_figure():
