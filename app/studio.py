@@ -497,9 +497,10 @@ class Studio:
                 yield comparison
         finally:
             skip.cancel(), full.cancel()
-        comparison.quality = self.score(full_engine, comparison)
         started = time.perf_counter()
-        comparison.divergence = self.divergence(full_engine, comparison)
+        states = self.answer_states(full_engine, comparison)
+        comparison.quality = self.score(full_engine, comparison, states)
+        comparison.divergence = self.divergence(full_engine, comparison, states)
         comparison.divergence_ms = (time.perf_counter() - started) * 1000.0
         yield comparison
 
@@ -519,12 +520,27 @@ class Studio:
         baseline; for any other prompt the base model itself); a chosen model runs both."""
         return self.pick(AUTO, 1.0, prompt, kind) if model == AUTO else (choice, why)
 
-    def score(self, engine: Engine, comparison: Comparison) -> dict:
+    def answer_states(self, engine: Engine, comparison: Comparison) -> dict | None:
+        """Full depth's last hidden states (under `engine`, the full run's model) at the positions that predict
+        each answer's tokens, as teacher-forced rows of the engine's continuous batch, beside other visitors'
+        decoding (Batcher.states); None where the batcher has no such rows (then scoring runs alone)."""
+        if not self.batcher.scores_as_rows(engine):
+            return None
+        prompt = list(comparison.skip.prompt_ids)
+        return {name: self.batcher.states(engine, prompt + list(update.token_ids[:-1]), len(prompt) - 1)
+                if update.token_ids else None for name, update in (("skipdecode", comparison.skip),
+                                                                   ("full", comparison.full))}
+
+    def score(self, engine: Engine, comparison: Comparison, states: dict | None = None) -> dict:
         """Quality of the SkipDecode output against the full one (and the references, for E2E items);
-        perplexities under `engine`, the model of the full run."""
+        perplexities under `engine`, the model of the full run (from `states`, `answer_states`', when given)."""
         skip, full = comparison.skip, comparison.full
         with self.batcher.exclusive():  # both outputs share the prompt: one forward pass scores both
-            values = quality.perplexities(scorer(engine), skip.prompt_ids, [skip.token_ids, full.token_ids])
+            if states is not None:
+                values = quality.perplexities_from(engine.decoder, [states["skipdecode"], states["full"]],
+                                                   [skip.token_ids, full.token_ids])
+            else:
+                values = quality.perplexities(scorer(engine), skip.prompt_ids, [skip.token_ids, full.token_ids])
         ppl = {name: None if value is None else round(value, 3) for name, value in zip(("skipdecode", "full"), values)}
         scores = {"skipdecode_vs_full": quality.text_scores(skip.text, full.text) if full.text.strip() else None,
                   "token_agreement": quality.token_agreement(skip.token_ids, full.token_ids),
@@ -534,12 +550,14 @@ class Studio:
                                     for name, update in (("skipdecode", skip), ("full", full))}
         return scores
 
-    def divergence(self, engine: Engine, comparison: Comparison) -> lens.Divergence:
+    def divergence(self, engine: Engine, comparison: Comparison, states: dict | None = None) -> lens.Divergence:
         """At each position of the SkipDecode answer, the token full depth (`engine`, the full run's model)
-        would have chosen from the same prefix: one teacher-forced pass, while decoding waits."""
+        would have chosen from the same prefix: one teacher-forced pass (`states`, `answer_states`', when
+        given), while decoding waits."""
         skip = comparison.skip
         with self.batcher.exclusive():
-            return lens.divergence(engine.decoder, skip.prompt_ids, skip.token_ids)
+            return lens.divergence(engine.decoder, skip.prompt_ids, skip.token_ids,
+                                   states=None if states is None else states["skipdecode"])
 
     def lenses(self, comparison: Comparison) -> dict[str, list[lens.Lens]]:
         """The logit lens at every position of the SkipDecode answer: under the layers SkipDecode ran (its

@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+import torch
+
 from .beam import Beam
 from .sampling import Sampling
 from .schedule import Schedule
@@ -56,6 +58,7 @@ class Job:
     stop_at_eos: bool = True
     chat: bool | None = None
     beam: Beam | None = None
+    states_from: int | None = None  # teacher-forced (scoring): no new token, the last hidden states from here
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Update:
     done: bool  # the whole batch has stopped and the trace is complete
     trace: Trace  # the batch's trace so far, shared by every row
     verification: dict | None = None  # a verified run's counts and marks (skipdecode/verify.py), else None
+    states: torch.Tensor | None = None  # a teacher-forced request's last hidden states [positions, d]
 
 
 @dataclass(eq=False)
@@ -245,6 +249,22 @@ class Batcher:
                              f"model's context of {context} tokens")
         return ids
 
+    def scores_as_rows(self, engine) -> bool:
+        """Whether `states` runs as a row of `engine`'s continuous batch (else it runs alone)."""
+        return self._joins(Job(engine, [0], states_from=0))
+
+    def states(self, engine, ids: Sequence[int], start: int) -> torch.Tensor:
+        """The last hidden states [len(ids) - start, d] of one full-depth, teacher-forced pass over `ids`:
+        scoring. On a continuous batch it is a row that joins like a prompt, in chunks beside the decode
+        steps; elsewhere it runs between two positions of the running batches, alone."""
+        if not 0 <= start < len(ids):
+            raise ValueError(f"states from position {start} of {len(ids)}")
+        job = Job(engine, list(ids), max_new_tokens=1, states_from=start)
+        if self._joins(job):
+            return self.submit_together([job])[0].result().states
+        with self.exclusive():
+            return engine.hidden_states(torch.tensor([list(ids)]))[-1][0, start:]
+
     @contextmanager
     def exclusive(self):
         """Other work on a model (scoring, probing) runs between two positions of the running batches,
@@ -265,14 +285,14 @@ class Batcher:
                 first = self._inbox.get()
                 if first is None:
                     return
-                if not all(self._joins(r) for r in first):  # a batch of one position: wait briefly for company
+                if not all(self._joins(r.job) for r in first):  # a batch of one position: wait briefly for company
                     time.sleep(self.window_s)
                 self._waiting.append(first)
                 del first  # idle, this worker must not keep the last request's engine (and its memory) alive
             self._waiting += self._drain()
             groups, self._waiting = self._waiting, []
             for group in groups:  # continuous requests join now; the rest wait for a place among the batches
-                later = [r for r in group if not (self._joins(r) and self._join(r))]
+                later = [r for r in group if not (self._joins(r.job) and self._join(r))]
                 if later:
                     self._waiting.append(later)
             if len(active) < self.max_active and self._waiting:
@@ -283,9 +303,8 @@ class Batcher:
                 if not running.advance(self._lock):
                     del self._running[key]
 
-    def _joins(self, request: _Request) -> bool:
-        """Whether `request` decodes in its engine's continuous batch (plain decoding on native layers)."""
-        job = request.job
+    def _joins(self, job: Job) -> bool:
+        """Whether `job` decodes in its engine's continuous batch (plain decoding on native layers)."""
         return (self.continuous and job.beam is None and not getattr(job.engine, "batch_one", False)
                 and serves(job.engine))
 
@@ -398,8 +417,9 @@ class _Continuous:
 
     def admit(self, request: _Request) -> None:
         job = request.job
-        self.waiting.append(Row(request.prompt_ids, job.schedule, job.max_new_tokens, job.sampling, job.stop_at_eos,
-                                owner=request))
+        self.waiting.append(Row(request.prompt_ids, job.schedule, 0 if job.states_from is not None else
+                                job.max_new_tokens, job.sampling, job.stop_at_eos, owner=request,
+                                states_from=job.states_from))
 
     def advance(self, lock) -> bool:
         """One step of the continuous batch; False once it holds no row and none waits."""
@@ -436,6 +456,8 @@ class _Continuous:
             trace = dataclasses.replace(row.trace, steps=list(row.trace.steps),
                                         cache_lengths=list(row.trace.cache_lengths))
             info = BatchInfo(self.info.number, row.shared, row.schedule.to_dict(), self.info.started)
+            states = torch.cat(row.states) if row.states_from is not None and row.finished else None
             request.send(Update(0, info, request.prompt_ids, list(row.token_ids),
-                                decode(row.token_ids, skip_special_tokens=True), row.finished, row.finished, trace))
+                                decode(row.token_ids, skip_special_tokens=True), row.finished, row.finished, trace,
+                                states=states))
         return True

@@ -81,16 +81,19 @@ class Divergence:
 
 
 @torch.inference_mode()
-def divergence(dec: Decoder, prompt_ids: Sequence[int], token_ids: Sequence[int], k: int = TOP) -> Divergence:
+def divergence(dec: Decoder, prompt_ids: Sequence[int], token_ids: Sequence[int], k: int = TOP,
+               states: torch.Tensor | None = None) -> Divergence:
     """One full-depth pass over prompt + answer (the answer's last token is never fed back): at each answer
-    position, full depth's choice against the answer's token."""
+    position, full depth's choice against the answer's token. `states`: that pass's last hidden states from
+    the prompt's last position on, computed already (skipdecode.batcher.Batcher.states)."""
     prompt, answer = list(prompt_ids), list(token_ids)
     if not prompt:
         raise ValueError("divergence needs a non-empty prompt")
     if not answer:
         return Divergence(1.0, None, [], [])
-    final, _ = forward(dec, prompt + answer[:-1])
-    probs, top_p, top_i = _top(dec, final[len(prompt) - 1:], k)
+    if states is None:
+        states = forward(dec, prompt + answer[:-1])[0][len(prompt) - 1:]
+    probs, top_p, top_i = _top(dec, states, k)
     own = probs[torch.arange(len(answer)), torch.tensor(answer, device=probs.device)]
     tokens, tops = [], []
     for i, token in enumerate(answer):

@@ -12,7 +12,8 @@ A step groups the layers run by the same rows into one native call (layer.c, row
 columns): with warm-up plus top layers the sets are nested, so a step makes about one call per distinct
 budget among its rows, and its cost is the layers of its largest budget, each paid only by the rows that
 run it. A request joins at any step: its prompt runs in chunks between decode steps, so running rows never
-wait for a whole long prompt; a finished row frees its slot at once.
+wait for a whole long prompt; a finished row frees its slot at once. Scoring joins the same way: a
+teacher-forced row is a prompt alone, whose last hidden states it keeps.
 
 Bits: layer.c computes every row from that row alone, so a row decodes here the tokens it decodes alone.
 This runs on the CPU's native path (a decoder whose layers are fused, `Decoder.fused`); elsewhere the
@@ -59,6 +60,9 @@ class Row:
     shared: int = 1  # the most rows any of this row's steps ran with
     trace: Trace = None
     generator: torch.Generator | None = None
+    # A teacher-forced row (scoring): no new token; the last hidden states of positions from here on are kept
+    states_from: int | None = None
+    states: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def columns(self) -> int:
@@ -179,11 +183,12 @@ class Slots:
 
     def _prefill_chunk(self, row: Row) -> bool:
         """The next chunk of `row`'s prompt through every layer; True when the prompt is done (its first
-        token chosen)."""
+        token chosen, or for a teacher-forced row its states kept)."""
         dec, cache, ids = self.dec, self.cache, row.prompt_ids
         started = time.perf_counter()
         if row.prefilled == 0 and self.prefixes is not None:
             m, kv = self.prefixes.lookup(dec, ids)
+            m = m if row.states_from is None else min(m, row.states_from)  # the states kept are computed here
             if m:
                 cache.data[:, :, row.slot, :, :m] = kv[:, :, :, :m]
                 cache.lengths[row.slot] = [m] * dec.num_layers
@@ -199,7 +204,10 @@ class Slots:
         x = self._call(layers, x, rope, mask, [row.slot], [a])
         row.prefilled = b
         done = b == len(ids)
-        if done:
+        if row.states_from is not None:  # a teacher-forced row: keep its states, choose nothing
+            row.states.append(x[0, max(row.states_from - a, 0):].clone())
+            row.finished = done
+        elif done:
             if self.prefixes is not None:
                 self.prefixes.store(dec, ids, _SlotView(cache, row.slot))
             self._choose([row], dec.logits(x[:, -1]))

@@ -133,3 +133,27 @@ def test_cancel_and_the_time_limit_stop_a_continuous_row(engine):
         assert other.batch.size == 1  # the cancelled row had left
     finally:
         batcher.close()
+
+
+def test_scoring_joins_as_a_teacher_forced_row_with_the_bits_of_a_pass_alone(engine):
+    """A teacher-forced row (the page's scoring) prefills in chunks beside a decoding row, which goes on
+    decoding at every step meanwhile; its states are those of one full-depth pass alone, and so are the
+    states Batcher.states returns."""
+    L = engine.num_layers
+    ids = prompts()[1] + [5, 6, 7]  # two prefill chunks
+    alone_states = engine.hidden_states(torch.tensor([ids]))[-1][0, 10:]
+    slots = Slots(engine, max_rows=2, prefixes=None)
+    decoding = slots.add(Row(prompts()[0], Schedule.full(L), NEW, stop_at_eos=False))
+    slots.advance()  # its prefill: its first token
+    scoring = slots.add(Row(ids, Schedule.full(L), 0, states_from=10))
+    for chunk in range(2):
+        before = (len(decoding.token_ids), scoring.prefilled)
+        slots.advance()
+        assert len(decoding.token_ids) == before[0] + 1 and scoring.prefilled > before[1]
+    assert scoring.finished and scoring.token_ids == [] and torch.equal(torch.cat(scoring.states), alone_states)
+    batcher = Batcher()
+    try:
+        assert batcher.scores_as_rows(engine)
+        assert torch.equal(batcher.states(engine, ids, 10), alone_states)
+    finally:
+        batcher.close()

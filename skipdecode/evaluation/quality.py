@@ -130,6 +130,20 @@ def perplexities(model, prompt_ids: Sequence[int], continuations: Sequence[Seque
 
 
 @torch.inference_mode()
+def perplexities_from(dec, states: Sequence[torch.Tensor | None], continuations: Sequence[Sequence[int]]) -> list[float | None]:
+    """`perplexities` from full depth's last hidden states at the positions that predict each continuation
+    (skipdecode.batcher.Batcher.states: the passes ran as rows beside decoding), None for an empty one."""
+    values = []
+    for hidden, row in zip(states, continuations):
+        if not row:
+            values.append(None)
+            continue
+        logits = dec.logits(hidden).float()
+        nll = torch.nn.functional.cross_entropy(logits, torch.tensor(list(row), device=logits.device))
+        values.append(math.exp(float(nll)))
+    return values
+
+
 def exit_layers(model, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[int]:
     """For each continuation token, the fewest bottom layers after which the model (final norm and LM
     head applied early, the "logit lens") already predicts the token it predicts at full depth.
