@@ -11,8 +11,8 @@ layer never runs past a hole holds row by row.
 A step groups the layers run by the same rows into one native call (layer.c, rows at their own
 columns): with warm-up plus top layers the sets are nested, so a step makes about one call per distinct
 budget among its rows, and its cost is the layers of its largest budget, each paid only by the rows that
-run it. A request joins at any step: its prompt runs in chunks between decode steps, so running rows never
-wait for a whole long prompt; a finished row frees its slot at once. Scoring joins the same way: a
+run it. A request joins at any step: its prompt runs in chunks between decode steps (PREFILL_CHUNK tokens a step, over
+one long prompt or several short ones), so running rows never wait for a whole long prompt; a finished row frees its slot at once. Scoring joins the same way: a
 teacher-forced row is a prompt alone, whose last hidden states it keeps.
 
 Bits: layer.c computes every row from that row alone, so a row decodes here the tokens it decodes alone.
@@ -33,7 +33,7 @@ from .sampling import Sampling, next_tokens
 from .schedule import Schedule
 from .trace import StepRecord, Trace
 
-PREFILL_CHUNK = 64  # prompt tokens per prefill call between two decode steps
+PREFILL_CHUNK = 64  # prompt tokens prefilled between two decode steps (one call a row, several short prompts)
 WIDTH_QUANTUM = 128  # cache columns are allocated in multiples of this
 
 
@@ -167,23 +167,25 @@ class Slots:
     # ---- work ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def advance(self) -> list[Row]:
-        """One prefill chunk (the oldest joining row's) and one decode step of every decoding row; the rows
-        that moved (a row whose prefill ended has its first token)."""
-        moved = []
-        joining = [r for r in self.rows if r.prefilled < len(r.prompt_ids) and not r.cancelled]
-        if joining:
-            row = joining[0]
-            if self._prefill_chunk(row):
+        """Up to PREFILL_CHUNK prompt tokens of the joining rows, oldest first, and one decode step of every
+        decoding row; the rows that moved (a row whose prefill ended has its first token)."""
+        moved, budget = [], PREFILL_CHUNK
+        for row in [r for r in self.rows if r.prefilled < len(r.prompt_ids) and not r.cancelled]:
+            if budget <= 0:
+                break
+            before = row.prefilled
+            if self._prefill_chunk(row, budget):
                 moved.append(row)
+            budget -= row.prefilled - before
         decoding = [r for r in self.rows if r.decoding and r.token_ids]
         if decoding:
             self._step(decoding)
             moved += decoding
         return moved
 
-    def _prefill_chunk(self, row: Row) -> bool:
-        """The next chunk of `row`'s prompt through every layer; True when the prompt is done (its first
-        token chosen, or for a teacher-forced row its states kept)."""
+    def _prefill_chunk(self, row: Row, most: int = PREFILL_CHUNK) -> bool:
+        """The next chunk of `row`'s prompt (at most `most` tokens) through every layer; True when the prompt
+        is done (its first token chosen, or for a teacher-forced row its states kept)."""
         dec, cache, ids = self.dec, self.cache, row.prompt_ids
         started = time.perf_counter()
         if row.prefilled == 0 and self.prefixes is not None:
@@ -194,7 +196,7 @@ class Slots:
                 cache.lengths[row.slot] = [m] * dec.num_layers
                 row.prefilled = row.trace.prefix_tokens = m
         a = row.prefilled
-        b = min(len(ids), a + PREFILL_CHUNK)
+        b = min(len(ids), a + most)
         positions = torch.arange(a, b, device=dec.device)[None]
         x, rope = dec.embed(torch.tensor([ids[a:b]], device=dec.device), positions), dec.rope(positions, limit=b)
         allowed = torch.arange(b, device=dec.device)[None, :] <= positions[0, :, None]  # causal: [S, b]
