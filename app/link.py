@@ -188,4 +188,4 @@ def encode(values: Mapping[str, object], fields: Mapping[str, object]) -> str:
         text = fields[key].write(value) if key in fields and value is not None else None
         if text is not None:
             pairs.append((key, text))
-    return "?" + urlencode(pairs)
+    return "?" + urlencode(pairs, safe=",:")  # an E2E record's commas and colons stay readable
