@@ -139,7 +139,10 @@ class Lesson:
         if record is None:
             gr.Warning("Run a comparison first: the link opens its settings.")
             return gr.skip()
-        return gr.Textbox(link.encode(link.ran(record), fields), visible=True)
+        query = link.encode(link.ran(record), fields)
+        if not query.startswith("?prompt="):
+            gr.Warning("This prompt is too long for a link: the link holds the settings only.")
+        return gr.Textbox(query, visible=True)
 
     def replay(self, file):
         """A page drawn from an exported file alone: no model runs. A file that is not a good export changes

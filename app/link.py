@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlencode
 from .studio import AUTO, Settings, clean_prompt
 from .verified import FASTER, VERIFIED
 
+MAX_QUERY = 8_000  # a longer address is refused by some servers and proxies: a longer prompt stays out of a link
 MAX_FIELDS = 64  # a query string with more fields than this is not one of ours: nothing in it is read
 SAFE_INTEGER = 2**53 - 1  # the largest seed a browser's number field holds exactly
 # the link's key -> the Compare tab's widget it fills (the other keys are the widgets' own names)
@@ -174,18 +175,20 @@ def ran(record: Mapping) -> dict[str, object]:
     default = Settings()
     out.update({name: getattr(settings, name) for name in ("warmup", "horizon", "decay", "mode")
                 if getattr(settings, name) != getattr(default, name)})
-    if settings.verify or record.get("verified"):
+    if record.get("verified"):  # what ran, whatever the switch said
         out["family"] = VERIFIED
     return out
 
 
 def encode(values: Mapping[str, object], fields: Mapping[str, object]) -> str:
     """The query string ("?prompt=…&speedup=3") of the widgets' `values`; a value the page could not hold is left
-    out, so that the link opens with that widget's default."""
+    out, so that the link opens with that widget's default, and so is a prompt too long for an address
+    (MAX_QUERY)."""
     pairs = []
     for key in KEYS:
         value = values.get(WIDGETS.get(key, key))
         text = fields[key].write(value) if key in fields and value is not None else None
         if text is not None:
             pairs.append((key, text))
-    return "?" + urlencode(pairs, safe=",:")  # an E2E record's commas and colons stay readable
+    query = "?" + urlencode(pairs, safe=",:")  # an E2E record's commas and colons stay readable
+    return query if len(query) <= MAX_QUERY else encode({**values, "prompt": None}, fields)

@@ -49,6 +49,10 @@ def test_the_link_of_a_run_holds_what_ran_not_what_the_widgets_hold_now(record, 
                                  "warmup": 1, "family": VERIFIED}
     # "tiny" is not one of this page's models: the link leaves the model out, and the page keeps its default
     assert link.encode(ran, fields) == "?prompt=a+prompt&speedup=3&max_new_tokens=16"
+    roomy = {**fields, "prompt": link.Prompt(4 * link.MAX_QUERY)}
+    assert link.encode(link.ran({**record, "prompt": "word " * 1000}), roomy).startswith("?prompt=word+word")
+    long = {**record, "prompt": "word " * (link.MAX_QUERY // 5)}  # fine for the studio, too long for an address
+    assert link.encode(link.ran(long), roomy) == "?speedup=3&max_new_tokens=16"
     by_hand = {**record, "settings": {**record["settings"], "manual_budgets": True, "max_budget": 5, "min_budget": 2}}
     assert link.decode(link.encode(link.ran(by_hand), fields), fields) == {
         "prompt": "a prompt", "max_new_tokens": 16, "manual": True, "max_budget": 5, "min_budget": 2}
