@@ -11,7 +11,7 @@ import gradio as gr
 
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import keys, machinery, plots, replay, results, teach, verified
+from . import keys, link, machinery, plots, replay, results, teach, verified
 from .callbacks import DECODINGS, KV_FIRST, Callbacks
 from .examples import load_examples
 from .gpu import gpu_callbacks
@@ -213,8 +213,15 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         with gr.Row(equal_height=False):
                             export = gr.Button("Export: the comparison as JSON, every chart as PNG",
                                                elem_id="sd-export", scale=1)
+                            export_html = gr.Button("Standalone page (.html, plays offline)", elem_id="sd-export-html",
+                                                    scale=1)
+                            copy_link = gr.Button("Copy link", elem_id="sd-copy-link", scale=0, min_width=120)
+                        with gr.Row(equal_height=False):
                             export_file = gr.File(label="Exported comparison", visible=False, elem_id="sd-export-file",
                                                   scale=1)
+                            html_file = gr.File(label="Standalone page", visible=False, elem_id="sd-html-file", scale=1)
+                        link_box = gr.Textbox(label="Link to this comparison (it opens with these settings; Run runs it)",
+                                              interactive=False, visible=False, elem_id="sd-link", buttons=["copy"])
                 last = gr.State(None)
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
@@ -338,6 +345,21 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         export.click(None, None, None, js=teach.PNG_JS, api_visibility="private")
         export.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
                      concurrency_limit=concurrency, concurrency_id="decode")
+        export_html.click(lesson.export_html, [record], [html_file], api_visibility="private", queue=False)
+        # ---- a link that opens a comparison (app/link.py): it fills the Compare tab, and Run runs it ----------
+        link_widgets = {"prompt": prompt, "model": model, "speedup": speedup, "max_new_tokens": max_new_tokens,
+                        "decoding": decoding, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed,
+                        "beams": beams, "manual": manual, "max_budget": max_budget, "min_budget": min_budget,
+                        "warmup": warmup, "horizon": horizon, "decay": decay, "mode": mode, "family": family}
+        link_fields = link.fields(link_widgets, studio.models, studio.limits.max_prompt_chars)
+
+        def open_link(request: gr.Request):
+            values = link.decode(dict(request.query_params) if request else {}, link_fields)
+            return [values.get(name, gr.skip()) for name in link_widgets]
+
+        demo.load(open_link, None, list(link_widgets.values()), api_visibility="private", queue=False)
+        copy_link.click(lambda r: lesson.link(r, link_fields), [record], [link_box], api_visibility="private",
+                        queue=False).then(None, [link_box], [link_box], js=link.COPY_JS, api_visibility="private")
         replay_outputs = [*drawn_outputs, *opened_outputs, replay_note, prompt]
         replay_file.upload(lesson.replay, [replay_file], replay_outputs, api_visibility="private", queue=False,
                            show_progress="hidden")  # a refusal changes the note only

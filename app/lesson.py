@@ -14,7 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import plots, replay, teach, timing, verified, views
+from . import link, plots, replay, standalone, teach, timing, verified, views
 from .callbacks import drawn as drawn_view
 from .callbacks import for_the_user, settings_from, user_errors
 from .studio import Studio
@@ -121,6 +121,28 @@ class Lesson:
                                   self.studio.engine(comparison.model).tokenizer)
             path = replay.write(record)
         return record, gr.File(str(path), visible=True)
+
+    @staticmethod
+    def export_html(record):
+        """The record as one .html file that plays offline (app/standalone.py); nothing runs a model."""
+        if record is None:  # guidance, not an error
+            gr.Warning("Run a comparison first: the standalone page draws it.")
+            return gr.skip()
+        with user_errors():
+            path = standalone.write(record)
+        return gr.File(str(path), visible=True)
+
+    @staticmethod
+    def link(record, fields):
+        """The query string that opens the comparison that ran (its record, not the widgets now), shown in the
+        link box; the browser makes it a whole address and copies it (link.COPY_JS)."""
+        if record is None:
+            gr.Warning("Run a comparison first: the link opens its settings.")
+            return gr.skip()
+        query = link.encode(link.ran(record), fields)
+        if not query.startswith("?prompt="):
+            gr.Warning("This prompt is too long for a link: the link holds the settings only.")
+        return gr.Textbox(query, visible=True)
 
     def replay(self, file):
         """A page drawn from an exported file alone: no model runs. A file that is not a good export changes

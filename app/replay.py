@@ -112,10 +112,15 @@ def comparison(record: dict) -> Comparison:
     return out
 
 
+def export_path(record: dict, suffix: str, folder: str | None = None) -> Path:
+    """Where an export of the record goes: named after the run, in a fresh folder unless one is given."""
+    folder = Path(folder or tempfile.mkdtemp(prefix="skipdecode-export-"))
+    return folder / f"skipdecode-comparison-{record['exported'].replace(':', '').replace('-', '')}{suffix}"
+
+
 def write(record: dict, folder: str | None = None) -> Path:
     """The record as a JSON file to download, named after the run."""
-    folder = Path(folder or tempfile.mkdtemp(prefix="skipdecode-export-"))
-    path = folder / f"skipdecode-comparison-{record['exported'].replace(':', '').replace('-', '')}.json"
+    path = export_path(record, ".json", folder)
     path.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
     return path
 

@@ -4,17 +4,21 @@ error badge and no traceback in the server's log; a good file whose every shown 
 with that markup as text: no element of the file's on the page, no request leaves it.
 
 All the files go through one page of the session's server (the teaching tests' one); the records are the
-tiny model's of tests/test_teach.py, which the page replays as it would any export."""
+tiny model's of tests/test_teach.py, which the page replays as it would any export. Sharing, in the same
+session: a link fills the Compare tab and runs nothing, and the standalone page plays from file:// with every
+request refused, its markup inert."""
 
 import json
 import time
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import pytest
 
 from app import record as schema
-from appserver import ARTIFACTS
-from test_browser import REPLAY_INPUT, SERVER, details
+from app import standalone
+from app.verified import VERIFIED
+from appserver import ARTIFACTS, app_url
+from test_browser import REPLAY_INPUT, SERVER, details, open_settings
 from test_record import changed
 from test_teach import comparison, record  # noqa: F401 (fixtures)
 from test_teach_browser import browser, open_page  # noqa: F401 (fixture)
@@ -134,3 +138,49 @@ def test_markup_in_every_shown_field_of_a_good_file_is_text(replaying, record, t
     assert "![evil](http://198.51.100.7/m.png)" in details(page)
     assert page.locator("#sd-header").is_visible()
     assert outside == []
+
+
+def test_a_link_fills_the_compare_tab_and_the_standalone_page_plays_with_no_network(browser, record, tmp_path):  # noqa: F811
+    # (a) a link with the settings, one bad value and one unknown key: the widgets filled, nothing run
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    prompt = "Explain what a KV cache is & why <b>it</b> helps."
+    page.goto(app_url(**SERVER) + "?prompt=" + quote(prompt) + "&speedup=2&max_new_tokens=33&decoding=sampling"
+              "&temperature=0.35&top_k=banana&verify=1&evil=%3Cimg%3E")
+    box = page.locator("#sd-prompt textarea")
+    box.wait_for(timeout=60_000)
+    page.wait_for_function("(p) => document.querySelector('#sd-prompt textarea').value === p", arg=prompt,
+                           timeout=30_000)
+    assert page.locator("#sd-speedup input[type=number]").input_value() == "2"
+    assert page.locator("#sd-family").get_by_label(VERIFIED).is_checked()
+    open_settings(page)
+    assert page.locator("#sd-max-new-tokens input[type=number]").input_value() == "33"
+    assert page.locator("#sd-decoding").get_by_label("sampling").is_checked()
+    page.wait_for_timeout(1_500)  # a run would have shown its results by now
+    assert not page.locator("#sd-results").is_visible()
+    # Copy link gives the link of the comparison shown (the lesson's, replayed), not of the widgets
+    page.click("#sd-lesson")
+    page.wait_for_selector("#sd-copy-link", state="visible", timeout=30_000)
+    page.click("#sd-copy-link")
+    page.wait_for_function("() => document.querySelector('#sd-link textarea, #sd-link input')?.value.includes('?')",
+                           timeout=10_000)
+    shared = page.locator("#sd-link textarea, #sd-link input").first.input_value()
+    assert shared.startswith(app_url(**SERVER) + "?prompt=Write+one+sentence") and "speedup=3" in shared
+    page.close()
+    # (b) the standalone page of a record with markup in its prompt and answer, every request refused
+    bad = json.loads(json.dumps(record))
+    bad["prompt"] = bad["skipdecode"]["pieces"][1] = '<img src=x onerror="window.pwned = 1">'
+    path = standalone.write(bad, str(tmp_path))
+    offline = browser.new_page(viewport={"width": 1280, "height": 720})
+    url, refused = path.as_uri(), []
+    offline.route("**/*", lambda route: route.continue_() if route.request.url == url else
+                  (refused.append(route.request.url), route.abort()))
+    offline.goto(url)
+    offline.locator("#sd-figure-layer-map .main-svg").first.wait_for(timeout=30_000)  # plotly drew, from the file
+    answers = offline.locator("section[data-slide=answers] .sd-output")
+    assert answers.count() == 2 and "<img src=x" in answers.first.inner_text()
+    assert "<img src=x" in offline.locator(".sd-prompt").inner_text()
+    offline.keyboard.press("p")
+    offline.keyboard.press("ArrowRight")
+    assert offline.locator("section.sd-shown").get_attribute("data-slide") == "numbers"
+    assert offline.evaluate("window.pwned") is None and offline.locator("img").count() == 0 and refused == []
+    offline.close()
