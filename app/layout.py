@@ -320,14 +320,12 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
             event.then(lambda: gr.Button(interactive=False), None, stop, api_visibility="private", queue=False)
         stop.click(None, cancels=events, api_visibility="private")
         # ---- teaching: marks, one position layer by layer, export and replay, presentation ----------
-        settings_inputs = [speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual, max_budget,
-                           min_budget, warmup, horizon, decay, mode, beams]
         step_buttons = [previous_layer, next_layer, play, all_layers]
         # what a finished comparison opens (Lesson.opened): its record, the marks, the layer view's controls
         opened_outputs = [record, skip_out, part_note, teach_box, position, lens_view, lens_plot, *step_buttons,
                           divergence_plot, kv_button, present, previous_slide, next_slide, slide_index]
         for event in events:
-            event.success(lesson.after_compare, [last, *settings_inputs], opened_outputs,
+            event.success(lesson.after_compare, [last], opened_outputs,
                           api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode")
         pick_outputs = [record, skip_out, position, lens_view, lens_plot, shown_layers, player, *step_buttons]
         skip_out.click(lesson.clicked, [record, last], pick_outputs, api_visibility="private",

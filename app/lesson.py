@@ -16,7 +16,7 @@ import gradio as gr
 
 from . import link, plots, replay, standalone, teach, timing, verified, views
 from .callbacks import drawn as drawn_view
-from .callbacks import for_the_user, settings_from, user_errors
+from .callbacks import for_the_user, user_errors
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
@@ -30,15 +30,15 @@ class Lesson:
         self.studio = studio
 
     # ---- after a comparison -----------------------------------------------------------------
-    def after_compare(self, comparison, *settings):
-        """The record of the comparison that just finished and what it opens (`opened`); nothing if it did
-        not finish (stopped, or an error already shown)."""
+    def after_compare(self, comparison):
+        """The record of the comparison that just finished, with the settings it ran (not the widgets', which
+        may have moved since), and what it opens (`opened`); nothing if it did not finish (stopped, or an
+        error already shown)."""
         if comparison is None or comparison.divergence is None:
             return (None,) + (gr.skip(),) * (len(OPENED) - 1)
         with user_errors():
             tokenizer = self.studio.engine(comparison.model).tokenizer
-            record = replay.record(comparison, tokenizer, settings_from(*settings),
-                                   self.studio.engine(comparison.model).decoder.device)
+            record = replay.record(comparison, tokenizer, device=self.studio.engine(comparison.model).decoder.device)
         return opened(record)
 
     # ---- one position, layer by layer ---------------------------------------------------------

@@ -62,6 +62,7 @@ def record(comparison: Comparison, tokenizer, settings: Settings | None = None, 
         out[name]["layers"] = token_layers(update, L)
     out["divergence"]["top"] = [[list(pair) for pair in top] for top in comparison.divergence.top]
     out["divergence_ms"] = round(comparison.divergence_ms, 3)
+    settings = settings if settings is not None else comparison.settings  # what ran (Studio.compare keeps it)
     out["settings"] = asdict(settings) if settings is not None else None
     out["seed"] = settings.seed if settings is not None else None
     out["hardware"] = hardware(device or torch.device("cpu"), comparison.dtypes[0])

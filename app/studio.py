@@ -262,6 +262,7 @@ class Comparison:
     divergence: lens.Divergence | None = None  # full depth's choice at each SkipDecode position (same prefix)
     divergence_ms: float = 0.0  # what computing it took
     lenses: dict | None = None  # "skipdecode" / "full" -> [lens.Lens per position], made when first asked
+    settings: Settings | None = None  # what the request asked, as it ran (an export records these, never the widgets)
     verified: bool = False  # the SkipDecode side drafted and the full side's model verified: full decoding's output
 
     @property
@@ -483,7 +484,8 @@ class Studio:
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
                                 references=references_for(prompt), cost=self._costs[choice.label],
                                 why=(why, full_why), dtypes=(engine.weights_label, full_engine.weights_label),
-                                decoding=decoding_name(sampling, beam), verified=bool(settings.verify))
+                                decoding=decoding_name(sampling, beam), verified=bool(settings.verify),
+                                settings=settings)
         if comparison.verified:  # a fresh pair per request: the batcher runs it as a batch of one
             draft = self.draft(full_choice, schedule)
             if draft is not None:  # the page names the model that drafts

@@ -77,3 +77,15 @@ def test_a_batch_encodes_each_prompt_once_and_routes_by_the_first_once(studio, c
     tokenizer = studio.engine(run.models[0]).tokenizer
     assert [u.prompt_ids for u in run.skip] == [u.prompt_ids for u in run.full] == \
         [encode_prompt(tokenizer, p) for p in prompts]
+
+
+def test_the_record_of_a_run_holds_the_settings_it_ran_not_the_widgets_later(studio):
+    """An export (and a link) is written from the comparison itself: the settings that ran travel with it, so
+    sliders moved during the run cannot leak into the record (Lesson.after_compare reads no widget)."""
+    from app.lesson import Lesson
+
+    asked = Settings(speedup=2.0, max_new_tokens=3, seed=11)
+    *_, comparison = studio.compare(MR_PROMPT, asked, AUTO)
+    assert comparison.settings == asked
+    record = Lesson(studio).after_compare(comparison)[0]
+    assert record["settings"]["speedup"] == 2.0 and record["settings"]["max_new_tokens"] == 3 and record["seed"] == 11
