@@ -143,8 +143,7 @@ class Slots:
                              f"{self.dec.num_layers}")
         used = {r.slot for r in self.rows}
         row.slot = next(s for s in range(self.max_rows) if s not in used)
-        width = max([r.columns for r in self.rows] + [row.columns])
-        width = -(-width // WIDTH_QUANTUM) * WIDTH_QUANTUM
+        width = _width([*self.rows, row])
         slots = 1 << row.slot.bit_length()  # a power of two above the slot
         if self.cache is None:
             self.cache = SlotCache(self.dec, slots, width)
@@ -162,6 +161,8 @@ class Slots:
         self.rows = [r for r in self.rows if not (r.finished or r.cancelled)]
         if not self.rows:
             self.cache = None  # an idle engine holds no cache
+        elif gone and 2 * _width(self.rows) <= self.cache.width:  # the longest rows left: give their columns back
+            self.cache.resize(self.cache.slots, _width(self.rows))
         return gone
 
     # ---- work ------------------------------------------------------------------------------------
@@ -270,6 +271,11 @@ class Slots:
             r.finished = (r.stop_at_eos and t in eos) or len(r.token_ids) == r.max_new_tokens
             if r.finished:
                 r.trace.cache_lengths = list(self.cache.lengths[r.slot])
+
+
+def _width(rows: list[Row]) -> int:
+    """The cache columns `rows` need, in whole WIDTH_QUANTUMs."""
+    return -(-max(r.columns for r in rows) // WIDTH_QUANTUM) * WIDTH_QUANTUM
 
 
 class _SlotView:

@@ -157,3 +157,20 @@ def test_scoring_joins_as_a_teacher_forced_row_with_the_bits_of_a_pass_alone(eng
         assert torch.equal(batcher.states(engine, ids, 10), alone_states)
     finally:
         batcher.close()
+
+
+def test_the_cache_grows_for_a_long_row_and_gives_its_columns_back_when_it_leaves(engine):
+    L = engine.num_layers
+    slots = Slots(engine, max_rows=2, prefixes=None)
+    short = slots.add(Row([1, 5, 6], Schedule.full(L), 8, stop_at_eos=False))
+    assert (slots.cache.slots, slots.cache.width) == (1, 128)
+    long = slots.add(Row([1, 7], Schedule.full(L), 200, stop_at_eos=False))
+    assert (slots.cache.slots, slots.cache.width) == (2, 256)
+    slots.advance()
+    held = list(slots.cache.lengths[short.slot])
+    long.cancelled = True
+    slots.drop_finished()
+    assert slots.cache.width == 128 and slots.cache.lengths[short.slot] == held  # what the short row holds stays
+    while not short.finished:
+        slots.advance()
+    assert short.token_ids == alone(engine, [1, 5, 6], Schedule.full(L), Sampling())[:8]
