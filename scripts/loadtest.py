@@ -240,8 +240,10 @@ def classroom(args) -> dict:
     """A class: `visitors` people, arriving evenly over `spread` seconds, each pressing Run once on a prompt of
     their own (a comparison, the page's default model choice), after `solo` visitors one at a time. Each
     batching mode against a fresh app; every answer checked against its prompt decoded alone."""
+    from app.studio import AUTO
+
     texts = chat_prompts(args.visitors + args.solo)
-    settings = dict(speedup=args.speedup, max_new_tokens=args.class_tokens, model="auto")
+    settings = dict(speedup=args.speedup, max_new_tokens=args.class_tokens, model=AUTO)
     runs = {}
     for mode in (["positions", "continuous"] if args.batching == "both" else [args.batching]):
         server = start(f"loadtest-class-{mode}", args=("--batching", mode))
@@ -406,7 +408,8 @@ def models(args) -> dict:
 
 
 def report(result: dict) -> None:
-    m = result.get("machine_after") or result.get("machine")
+    m = (result.get("machine_after") or result.get("machine")
+         or next(iter(result.get("runs", {}).values()), {}).get("machine"))
     load_note = (f"machine: {m['cores']} cores, load average {m['loadavg_1_5_15']}; also busy: "
                  + ("; ".join(f"{b['command'][:60]} ({b['cpu_percent']:.0f}% CPU, nice {b['nice']})"
                               for b in m["busy"]) or "nothing"))
@@ -424,7 +427,6 @@ def report(result: dict) -> None:
         for name, run in (result["llama_server"] or {}).items():
             print(f"  llama-server, {name}: solo {run['solo_s']} s; p50 {run['p50_s']} s, p95 {run['p95_s']} s, max "
                   f"{run['max_s']} s: p95 {run['p95_over_solo']}x solo")
-        m = next(iter(result["runs"].values()))["machine"]
     elif result["phase"] == "models":
         print(f"MODELS: {len(result['choices'])} model choices walked twice, then {result['requests'] - 2 * len(result['choices'])} "
               f"at random: {result['requests']} requests, {len(result['problems'])} problems")
