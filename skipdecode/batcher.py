@@ -10,8 +10,9 @@ rows accepting different numbers of drafts would drift apart in position). Batch
 gets its own stream of partial results and learns which batch it ran in.
 
 Where an engine runs its layers natively (the CPU default), plain requests (greedy or sampled, any
-schedule) instead join that engine's continuous batch (skipdecode/slots.py) at any step: rows at different
-positions and on different schedules share every decode step, and a finished row leaves at once. Beam
+schedule) instead join their base model's continuous batch (skipdecode/slots.py) at any step: rows at
+different positions, on different schedules and of different adapters over that base share every decode
+step, and a finished row leaves at once. Beam
 searches and verified requests keep the batches of one position described above.
 
 Pure Python and threading: no web framework is imported here.
@@ -35,7 +36,7 @@ import torch
 from .beam import Beam
 from .sampling import Sampling
 from .schedule import Schedule
-from .slots import Row, Slots, serves
+from .slots import Row, Slots, base_of, serves
 from .trace import Trace
 
 DEFAULT_WINDOW_S = 0.05  # how long an idle worker waits for company after the first request arrives
@@ -187,7 +188,7 @@ class Batcher:
             raise ValueError(f"max_rows and max_active must be >= 1; got {max_rows}, {max_active}")
         self.window_s, self.max_rows, self.max_active, self.time_limit_s = window_s, max_rows, max_active, time_limit_s
         self.continuous = continuous  # plain requests on a native engine join its continuous batch
-        self._running: dict[int, _Continuous] = {}  # each engine's continuous batch, by id(engine)
+        self._running: dict[tuple, _Continuous] = {}  # each base's continuous batch (slots.base_of)
         self._waiting: list[list[_Request]] = []  # groups for batches of one position, past max_active
         self._inbox: queue.Queue[list[_Request] | None] = queue.Queue()
         self._lock = threading.RLock()  # held for every forward pass; see `exclusive`
@@ -312,10 +313,10 @@ class Batcher:
         """Hand `request` to its engine's continuous batch (made on first use); False if it fails to join."""
         if request.cancelled:
             return True
-        running = self._running.get(id(request.job.engine))
+        key = base_of(request.job.engine)  # the adapters of one base share a continuous batch
+        running = self._running.get(key)
         if running is None:
-            running = self._running[id(request.job.engine)] = _Continuous(request.job.engine, self.max_rows,
-                                                                          next(self._numbers))
+            running = self._running[key] = _Continuous(request.job.engine, self.max_rows, next(self._numbers))
             self.history.append(running.info)
         running.admit(request)
         return True
@@ -407,7 +408,7 @@ class _Batch:
 
 
 class _Continuous:
-    """One engine's continuous batch (skipdecode/slots.py) and the requests its rows belong to: each step's
+    """One base's continuous batch (skipdecode/slots.py) and the requests its rows belong to: each step's
     rows publish their requests' updates; requests past the batch's rows wait for a slot."""
 
     def __init__(self, engine, max_rows: int, number: int):
@@ -418,7 +419,7 @@ class _Continuous:
     def admit(self, request: _Request) -> None:
         job = request.job
         self.waiting.append(Row(request.prompt_ids, job.schedule, 0 if job.states_from is not None else
-                                job.max_new_tokens, job.sampling, job.stop_at_eos, owner=request,
+                                job.max_new_tokens, job.sampling, job.stop_at_eos, owner=request, engine=job.engine,
                                 states_from=job.states_from))
 
     def advance(self, lock) -> bool:
@@ -447,7 +448,6 @@ class _Continuous:
             _fail([r.owner for r in self.slots.rows], error)
             self.slots = Slots(self.engine, self.slots.max_rows)
             return bool(self.waiting)
-        decode = self.engine.tokenizer.decode
         self.info = dataclasses.replace(self.info, size=max(self.info.size, len(self.slots.rows)))
         for row in moved:
             request = row.owner
@@ -458,6 +458,7 @@ class _Continuous:
             info = BatchInfo(self.info.number, row.shared, row.schedule.to_dict(), self.info.started)
             states = torch.cat(row.states) if row.states_from is not None and row.finished else None
             request.send(Update(0, info, request.prompt_ids, list(row.token_ids),
-                                decode(row.token_ids, skip_special_tokens=True), row.finished, row.finished, trace,
+                                row.engine.tokenizer.decode(row.token_ids, skip_special_tokens=True), row.finished,
+                                row.finished, trace,
                                 states=states))
         return True

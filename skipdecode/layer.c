@@ -56,7 +56,17 @@ typedef struct {
        rows[b] and its S new ones go at starts[b]..; it attends over columns 0..starts[b] + S - 1 (T: at least
        the largest). NULL: cache row b, and `start` for every row. */
     const int64_t *rows, *starts;
+    /* Rows of several adapters over one base (a continuous batch's rows of different models): row b takes the
+       LoRA terms of lora[b]'s layers (the same base matrices, its own factors). NULL: `layers`' for every row. */
+    const Layer *const *lora;
 } Call;
+
+/* The product whose LoRA term input row r takes: p itself, or the same product (qkv, out, up or down) in the
+   layers of row r's adapter */
+static inline const Product *lora_of(const Product *p, const Layer *l, const Call *call, int64_t layer, int64_t r) {
+    if (!call->lora) return p;
+    return (const Product *)((const char *)(call->lora[r / call->S] + layer) + ((const char *)p - (const char *)l));
+}
 
 /* RMSNorm of one row: its sum of squares in 16 lanes, then halves added pairwise */
 static void rms_norm(const float *x, const float *w, int64_t d, float eps, float *out) {
@@ -175,34 +185,45 @@ typedef struct {
 
 /* The product's outputs in units u0..u1 for every row: y = W x (+ (x a) b), or with `residual`
    residual += that. The order of a value's float steps is the same whatever u0, u1 or the thread. */
-static void product_units(const Product *p, const Acts *in, const Work *wk, int64_t rows, int64_t u0, int64_t u1,
-                          float *y, int64_t ldy, float *residual, int64_t ldr) {
+static void product_units(const Product *p, const Layer *l, const Call *call, int64_t layer, const Acts *in,
+                          const Work *wk, int64_t rows, int64_t u0, int64_t u1, float *y, int64_t ldy, float *residual,
+                          int64_t ldr) {
     float *tmp = residual ? wk->sum : y; /* with a residual the product lands in sum first */
     const int64_t ldt = residual ? p->n : ldy;
     q8_units(p->w, p->k, u0, u1, p->n, in->q, in->dx, in->sx, rows, tmp, ldt);
     const int64_t n0 = u0 * ROWS, n1 = u1 * ROWS < p->n ? u1 * ROWS : p->n;
     for (int64_t r = 0; r < rows; r++) {
         float *t = tmp + r * ldt;
-        if (p->a) lora_out(p, in->xa + r * wk->rank_max, n0, n1, t);
+        const Product *lp = lora_of(p, l, call, layer, r);
+        if (lp->a) lora_out(lp, in->xa + r * wk->rank_max, n0, n1, t);
         if (residual)
             for (int64_t n = n0; n < n1; n++) residual[r * ldr + n] = residual[r * ldr + n] + t[n];
     }
 }
 
-/* Rows r0..r1 of a product's input: quantized, and their LoRA xa */
-static void prepare(const Product *p, const Acts *a, int64_t rank_max, int64_t r0, int64_t r1) {
+/* Rows r0..r1 of a product's input: quantized, and their LoRA xa (row by row where rows take different adapters:
+   a row's sums are the same in a tile of one as of four) */
+static void prepare(const Product *p, const Layer *l, const Call *call, int64_t layer, const Acts *a, int64_t rank_max,
+                    int64_t r0, int64_t r1) {
     const int64_t nb = p->k / GROUP;
     for (int64_t r = r0; r < r1; r++) q8_quantize(a->x + r * p->k, p->k, a->q + r * p->k, a->dx + r * nb, a->sx + r * nb);
-    if (p->a) lora_in(p, a->x + r0 * p->k, p->k, r1 - r0, a->xa + r0 * rank_max, rank_max);
+    if (!call->lora) {
+        if (p->a) lora_in(p, a->x + r0 * p->k, p->k, r1 - r0, a->xa + r0 * rank_max, rank_max);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const Product *lp = lora_of(p, l, call, layer, r);
+        if (lp->a) lora_in(lp, a->x + r * p->k, p->k, 1, a->xa + r * rank_max, rank_max);
+    }
 }
 
 /* every unit of a product, shared among the team's threads (chunks of 4 units: one head of 64 rows) */
-static void product(const Product *p, const Acts *in, const Work *wk, int64_t rows, float *y, int64_t ldy,
-                    float *residual, int64_t ldr) {
+static void product(const Product *p, const Layer *l, const Call *call, int64_t layer, const Acts *in, const Work *wk,
+                    int64_t rows, float *y, int64_t ldy, float *residual, int64_t ldr) {
     const int64_t units = (p->n + ROWS - 1) / ROWS;
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; u += 4)
-        product_units(p, in, wk, rows, u, u + 4 < units ? u + 4 : units, y, ldy, residual, ldr);
+        product_units(p, l, call, layer, in, wk, rows, u, u + 4 < units ? u + 4 : units, y, ldy, residual, ldr);
 }
 
 static void rope(float *t, const float *cos, const float *sin, int64_t hd, float *tmp) {
@@ -268,12 +289,13 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
     Work wk = {0};
     int64_t k_max = d > c->ffn ? d : c->ffn;
     k_max = k_max > H * hd ? k_max : H * hd;
-    for (int64_t i = 0; i < count; i++) {
-        const Layer *l = layers + which[i];
-        const Product *ps[4] = {&l->qkv, &l->out, &l->up, &l->down};
-        for (int j = 0; j < 4; j++)
-            if (ps[j]->a && ps[j]->rank > wk.rank_max) wk.rank_max = ps[j]->rank;
-    }
+    for (int64_t b = -1; b < (call->lora ? call->B : 0); b++) /* the call's layers, then each row's adapter's */
+        for (int64_t i = 0; i < count; i++) {
+            const Layer *l = (b < 0 ? layers : call->lora[b]) + which[i];
+            const Product *ps[4] = {&l->qkv, &l->out, &l->up, &l->down};
+            for (int j = 0; j < 4; j++)
+                if (ps[j]->a && ps[j]->rank > wk.rank_max) wk.rank_max = ps[j]->rank;
+        }
     const int own = R <= OWN_ROWS;
     wk.qkv = malloc(sizeof(float) * (size_t)(R * width));
     wk.att = malloc(sizeof(float) * (size_t)(R * H * hd));
@@ -298,13 +320,13 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
     do {                                                                  \
         if (own) {                                                        \
             for (int64_t r = 0; r < R && ok; r++) make;                   \
-            if (ok) prepare(p, in, wk.rank_max, 0, R);                    \
+            if (ok) prepare(p, l, call, which[i], in, wk.rank_max, 0, R); \
         } else {                                                          \
             _Pragma("omp for schedule(static)")                           \
             for (int64_t r4 = 0; r4 < R; r4 += 4) {                       \
                 const int64_t r1 = r4 + 4 < R ? r4 + 4 : R;               \
                 for (int64_t r = r4; r < r1; r++) make;                   \
-                prepare(p, in, wk.rank_max, r4, r1);                      \
+                prepare(p, l, call, which[i], in, wk.rank_max, r4, r1);   \
             }                                                             \
         }                                                                 \
     } while (0)
@@ -313,7 +335,7 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                 float *keys = call->cache + which[i] * call->cl, *values = keys + call->cv;
                 INPUT(&l->qkv, rms_norm(call->x + r * d, l->norm1, d, c->eps, in->x + r * d));
                 MARK(0);
-                product(&l->qkv, in, &wk, R, wk.qkv, width, NULL, 0);
+                product(&l->qkv, l, call, which[i], in, &wk, R, wk.qkv, width, NULL, 0);
                 MARK(1);
                 /* per batch row and kv head: RoPE on its keys and its group's queries, its keys and values
                    into the cache, then its group's attention */
@@ -346,15 +368,15 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                 MARK(2);
                 INPUT(&l->out, memcpy(in->x + r * H * hd, wk.att + r * H * hd, sizeof(float) * (size_t)(H * hd)));
                 MARK(3);
-                product(&l->out, in, &wk, R, NULL, 0, call->x, d);
+                product(&l->out, l, call, which[i], in, &wk, R, NULL, 0, call->x, d);
                 MARK(4);
                 INPUT(&l->up, rms_norm(call->x + r * d, l->norm2, d, c->eps, in->x + r * d));
                 MARK(5);
-                product(&l->up, in, &wk, R, wk.up, 2 * c->ffn, NULL, 0);
+                product(&l->up, l, call, which[i], in, &wk, R, wk.up, 2 * c->ffn, NULL, 0);
                 MARK(6);
                 INPUT(&l->down, swiglu(wk.up + r * 2 * c->ffn, wk.up + r * 2 * c->ffn + c->ffn, c->ffn, in->x + r * c->ffn));
                 MARK(7);
-                product(&l->down, in, &wk, R, NULL, 0, call->x, d);
+                product(&l->down, l, call, which[i], in, &wk, R, NULL, 0, call->x, d);
                 MARK(8);
             }
 #undef INPUT

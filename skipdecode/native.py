@@ -181,7 +181,7 @@ class _Config(ctypes.Structure):
 class _Call(ctypes.Structure):
     _fields_ = [("x", _P), ("B", _I), ("S", _I), ("cos", _P), ("sin", _P), ("rb", _I), ("rs", _I), ("mask", _P),
                 ("mb", _I), ("ms", _I), ("cache", _P), ("cl", _I), ("cv", _I), ("cb", _I), ("ch", _I), ("ct", _I),
-                ("start", _I), ("T", _I), ("rows", _P), ("starts", _P)]
+                ("start", _I), ("T", _I), ("rows", _P), ("starts", _P), ("lora", _P)]
 
 
 class Layers:
@@ -218,13 +218,14 @@ class Layers:
 
     def forward(self, which: Sequence[int], x: torch.Tensor, rope, mask, keys: torch.Tensor, start,
                 values_offset: int, layer_stride: int, rows: torch.Tensor | None = None,
-                starts: torch.Tensor | None = None) -> torch.Tensor:
+                starts: torch.Tensor | None = None, lora: Sequence["Layers"] | None = None) -> torch.Tensor:
         """Layers `which`, in order, on x [B, S, d] (float32), returned as a new tensor: keys and values of
         layer l for row b, head h, column t at keys[b, h, t] + l * layer_stride and values_offset floats
         after them; the S new columns written at `start` (an int, or a one-element tensor: the graphed step's
         form), attention over the columns before start + S under the additive mask [B, 1, S or 1, >= start +
         S] (None: every column). Rows at different positions (skipdecode/slots.py) pass `rows`, each row's
-        cache row, and `starts`, each row's first new column (int64 [B] each); `start` is then the largest."""
+        cache row, and `starts`, each row's first new column (int64 [B] each); `start` is then the largest.
+        `lora`: per row, the Layers of that row's adapter over this same base, whose LoRA terms it takes."""
         B, S, _ = x.shape
         out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         start = int(start)
@@ -249,6 +250,11 @@ class Layers:
                     or len(starts) != B or int(starts.max()) > start:
                 raise ValueError("rows and starts: int64 [B] each, none past `start`")
             call.rows, call.starts = rows.data_ptr(), starts.data_ptr()
+        if lora is not None:
+            if len(lora) != B:
+                raise ValueError(f"lora: one Layers a row; got {len(lora)} for {B} rows")
+            table = (ctypes.c_void_p * B)(*(ctypes.addressof(layers.layers) for layers in lora))
+            call.lora = ctypes.addressof(table)
         which = (ctypes.c_int64 * len(which))(*which)
         if self.lib.layers_forward(ctypes.addressof(self.layers), ctypes.byref(self.config), which, len(which),
                                    ctypes.byref(call)):

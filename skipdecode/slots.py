@@ -42,6 +42,13 @@ def serves(engine) -> bool:
     return getattr(engine.decoder, "fused", None) is not None
 
 
+def base_of(engine) -> tuple:
+    """What engines whose rows share a step have in common: one model (embeddings, norms), one packed base
+    and one head. Their adapters' LoRA terms apply row by row (layer.c), as multi-adapter servers do."""
+    dec = engine.decoder
+    return id(engine.model), id(dec.lm_head), dec.fused.layers[0].qkv.w
+
+
 @dataclass(eq=False)
 class Row:
     """One sequence of the continuous batch: its prompt, schedule and limits, and what it has decoded."""
@@ -52,6 +59,7 @@ class Row:
     sampling: Sampling = Sampling()
     stop_at_eos: bool = True
     owner: object = None  # whoever follows the row (the batcher's request)
+    engine: object = None  # the model it decodes with: an adapter over the batch's base (None: the batch's own)
     slot: int = -1
     prefilled: int = 0  # prompt tokens whose keys and values are in the cache
     token_ids: list[int] = field(default_factory=list)
@@ -115,8 +123,9 @@ class SlotCache:
 
 
 class Slots:
-    """The continuous batch of one engine: rows join (`add`), each `advance` runs one prefill chunk of a
-    joining row and one decode step of every decoding row, and a finished row leaves at once."""
+    """The continuous batch of one base: rows join (`add`), each `advance` runs prefill chunks of joining rows
+    and one decode step of every decoding row, and a finished row leaves at once. A row may decode with any
+    engine over the same base (`base_of`): the adapter of each row applies to that row alone."""
 
     def __init__(self, engine, max_rows: int = 16, prefixes: PrefixCache | None = None):
         if not serves(engine):
@@ -133,14 +142,17 @@ class Slots:
 
     def add(self, row: Row) -> Row:
         """Take `row` into a free slot (its prefill starts with the next `advance`)."""
-        if not self.room():
-            raise RuntimeError(f"the continuous batch is full ({self.max_rows} rows)")
         if row.columns > self.dec.max_positions:
             raise ValueError(f"prompt of {len(row.prompt_ids)} tokens + max_new_tokens {row.max_new_tokens} exceeds "
                              f"the model's context of {self.dec.max_positions} tokens")
+        row.engine = row.engine or self.engine
+        if not serves(row.engine) or base_of(row.engine) != base_of(self.engine):
+            raise ValueError(f"{row.engine.name} is not an adapter of this batch's base ({self.engine.name})")
         if row.schedule.num_layers != self.dec.num_layers:
             raise ValueError(f"schedule is for {row.schedule.num_layers} layers but the model has "
                              f"{self.dec.num_layers}")
+        if not self.room():
+            raise RuntimeError(f"the continuous batch is full ({self.max_rows} rows)")
         used = {r.slot for r in self.rows}
         row.slot = next(s for s in range(self.max_rows) if s not in used)
         width = _width([*self.rows, row])
@@ -190,7 +202,7 @@ class Slots:
         dec, cache, ids = self.dec, self.cache, row.prompt_ids
         started = time.perf_counter()
         if row.prefilled == 0 and self.prefixes is not None:
-            m, kv = self.prefixes.lookup(dec, ids)
+            m, kv = self.prefixes.lookup(row.engine.decoder, ids)  # its own model's keys and values
             m = m if row.states_from is None else min(m, row.states_from)  # the states kept are computed here
             if m:
                 cache.data[:, :, row.slot, :, :m] = kv[:, :, :, :m]
@@ -204,7 +216,7 @@ class Slots:
         mask = dec.attention_bias(allowed)[None, None]
         layers = list(range(dec.num_layers))
         cache.claim(row.slot, layers, a, b - a)
-        x = self._call(layers, x, rope, mask, [row.slot], [a])
+        x = self._call(layers, x, rope, mask, [row], [a])
         row.prefilled = b
         done = b == len(ids)
         if row.states_from is not None:  # a teacher-forced row: keep its states, choose nothing
@@ -212,7 +224,7 @@ class Slots:
             row.finished = done
         elif done:
             if self.prefixes is not None:
-                self.prefixes.store(dec, ids, _SlotView(cache, row.slot))
+                self.prefixes.store(row.engine.decoder, ids, _SlotView(cache, row.slot))
             self._choose([row], dec.logits(x[:, -1]))
         row.trace.prefill_ms += (time.perf_counter() - started) * 1000.0
         return done
@@ -236,7 +248,7 @@ class Slots:
             index = torch.tensor(members, device=dec.device)
             part = x if len(members) == len(rows) else x[index]
             part_rope = rope if len(members) == len(rows) else (rope[0][index], rope[1][index])
-            out = self._call(layers, part, part_rope, None, [rows[i].slot for i in members],
+            out = self._call(layers, part, part_rope, None, [rows[i] for i in members],
                              [starts[i] for i in members])
             if len(members) == len(rows):
                 x = out
@@ -254,21 +266,22 @@ class Slots:
                                             r.schedule.skipped(steps[i]), ms, len(rows), self.steps - 1))
             r.shared = max(r.shared, len(rows))
 
-    def _call(self, layers, x, rope, mask, slots: list[int], starts: list[int]) -> torch.Tensor:
+    def _call(self, layers, x, rope, mask, rows: list[Row], starts: list[int]) -> torch.Tensor:
+        """`layers` on x for `rows` at their own columns, each with its own engine's adapter where they differ."""
         data = self.cache.data
+        lora = None if all(r.engine is self.engine for r in rows) else [r.engine.decoder.fused for r in rows]
         return self.dec.fused.forward(layers, x, rope, mask, data[0, 0], max(starts), data.stride(1),
-                                      data.stride(0), rows=torch.tensor(slots, dtype=torch.int64),
-                                      starts=torch.tensor(starts, dtype=torch.int64))
+                                      data.stride(0), rows=torch.tensor([r.slot for r in rows], dtype=torch.int64),
+                                      starts=torch.tensor(starts, dtype=torch.int64), lora=lora)
 
     def _choose(self, rows: list[Row], logits: torch.Tensor) -> None:
         """Each row's next token from its logits row, by its own sampling and generator."""
-        eos = self.engine.eos_ids
         greedy = logits.argmax(dim=-1).tolist() if any(r.sampling.greedy for r in rows) else None
         for i, r in enumerate(rows):
             t = greedy[i] if r.sampling.greedy else int(next_tokens(logits[i:i + 1], r.sampling, r.generator)[0])
             r.token_ids.append(t)
             r.trace.generated_tokens += 1
-            r.finished = (r.stop_at_eos and t in eos) or len(r.token_ids) == r.max_new_tokens
+            r.finished = (r.stop_at_eos and t in r.engine.eos_ids) or len(r.token_ids) == r.max_new_tokens
             if r.finished:
                 r.trace.cache_lengths = list(self.cache.lengths[r.slot])
 

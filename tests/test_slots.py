@@ -174,3 +174,44 @@ def test_the_cache_grows_for_a_long_row_and_gives_its_columns_back_when_it_leave
     while not short.finished:
         slots.advance()
     assert short.token_ids == alone(engine, [1, 5, 6], Schedule.full(L), Sampling())[:8]
+
+
+def adapter(engine, seed: int, rank: int):
+    """An engine over `engine`'s very base (model, packed matrices, head) with a random LoRA term of its own on
+    every product, as a served adapter has."""
+    from skipdecode import native, q4
+
+    g = torch.Generator().manual_seed(seed)
+    blocks = [tuple(lin.with_lora(torch.randn(lin.in_features, rank, generator=g) * 0.1,
+                                  torch.randn(rank, lin.out_features, generator=g) * 0.1) for lin in layer)
+              for layer in engine.decoder.weights.blocks]
+    weights = q4.GGUFWeights(blocks, engine.decoder.lm_head, f"int4 (tiny, adapter {seed})",
+                             attention=native.attention)
+    return type(engine)(engine.model, engine.tokenizer, weights=weights)
+
+
+def test_rows_of_different_adapters_over_one_base_share_a_step_each_with_its_own_terms(engine):
+    """The base and two adapters of different ranks, one row each at its own position and schedule, in one
+    continuous batch: every row decodes what its own engine decodes alone, and the adapters did change the
+    answers (so their terms were applied, each to its own row)."""
+    from skipdecode.slots import base_of
+
+    L = engine.num_layers
+    models = [engine, adapter(engine, 1, 4), adapter(engine, 2, 8)]
+    assert len({base_of(m) for m in models}) == 1
+    ids, schedule = prompts()[3], Schedule(L, 6, 3, warmup=1, horizon=8)
+    expected = [m.generate([ids], schedule, max_new_tokens=NEW, stop_at_eos=False).token_ids[0] for m in models]
+    assert len({tuple(e) for e in expected}) == 3
+    slots = Slots(engine, max_rows=3, prefixes=None)
+    rows = []
+    for m in models:
+        rows.append(slots.add(Row(ids, schedule, NEW, stop_at_eos=False, engine=m)))
+        slots.advance()
+    while any(not r.finished for r in rows):
+        slots.advance()
+    assert [r.token_ids for r in rows] == expected
+    assert max(step.rows for r in rows for step in r.trace.steps) == 3
+    with pytest.raises(ValueError, match="not an adapter of this batch's base"):
+        from test_compiled import tiny_int4
+
+        slots.add(Row(ids, schedule, NEW, engine=tiny_int4(c_kernels=True)))
