@@ -119,12 +119,13 @@ def run_app(monkeypatch) -> dict:
         def warm_up(self):
             seen["warm_up"] = True
 
-    demo = types.SimpleNamespace(queue=lambda **kw: None, launch=lambda **kw: seen.update(launched=True))
+    demo = types.SimpleNamespace(queue=lambda **kw: None, launch=lambda **kw: seen.update(launched=kw))
     monkeypatch.setattr(entry, "Studio", Studio)
     monkeypatch.setattr(entry, "build", lambda studio, concurrency: demo)
     monkeypatch.setattr(gpu, "preload", lambda studio: seen.update(preloaded=True))
     monkeypatch.delenv(entry.TIME_LIMIT_ENV, raising=False)
     entry.main([])
+    seen["entry"] = entry
     seen["batcher"].close()
     return seen
 
@@ -136,6 +137,24 @@ def test_the_app_on_a_cpu_warms_up_as_before(fake_spaces, monkeypatch):
     seen = run_app(monkeypatch)
     assert type(seen["batcher"]) is Batcher and seen["warm_up"] and "preloaded" not in seen
     assert seen["limits"].time_limit_s == Limits.time_limit_s and seen["launched"]
+
+
+def test_run_history_is_off_unless_the_host_turns_it_on(fake_spaces, monkeypatch):
+    """Gradio keeps each visitor's runs in the browser unless told not to: on a shared classroom PC the next
+    student would see the last one's prompts. Off by default; on, the page links the history."""
+    import gradio
+
+    monkeypatch.delenv("SKIPDECODE_RUN_HISTORY", raising=False)
+    launched = run_app(monkeypatch)["launched"]
+    assert launched["run_history"] is False and "runs" not in launched["footer_links"]
+    assert "run_history" in gradio.Blocks.launch.__code__.co_varnames  # the parameter this Gradio takes
+    monkeypatch.setenv("SKIPDECODE_RUN_HISTORY", "on")
+    seen = run_app(monkeypatch)
+    assert seen["launched"]["run_history"] is True and "runs" in seen["launched"]["footer_links"]
+    assert seen["entry"].RUN_HISTORY_ENV == "SKIPDECODE_RUN_HISTORY"
+    monkeypatch.setenv("SKIPDECODE_RUN_HISTORY", "maybe")
+    with pytest.raises(SystemExit):  # argparse's error: the variable named, no server started
+        run_app(monkeypatch)
 
 
 def test_the_app_on_zero_gpu_loads_the_models_and_decodes_nothing_in_the_server(fake_spaces, monkeypatch):
