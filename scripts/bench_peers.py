@@ -76,7 +76,8 @@ def source(python: str, version: str, home: Path) -> Path:
                  "--dest", download, f"{PACKAGE}=={version}"])
             sdist = next(Path(download).glob("*.tar.gz"))
             with tarfile.open(sdist) as archive:
-                archive.extractall(home / "src", filter="data")
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Pythons that have it
+                archive.extractall(home / "src", **safe)
     return unpacked / "vendor" / "llama.cpp"
 
 

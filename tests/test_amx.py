@@ -25,3 +25,19 @@ def test_cpu_flags_read_from_cpuinfo_and_the_probe_answers():
     assert cpu_flags("processor\t: 0\nflags\t\t: fpu avx2 amx_tile\n") == {"fpu", "avx2", "amx_tile"}
     assert cpu_flags("") == set()
     assert amx_granted() in (True, False)  # the real request: 0 from the kernel or a refusal, never an exception
+
+
+def test_the_build_script_reads_the_pinned_version_and_says_why(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_peers.py"
+    spec = importlib.util.spec_from_file_location("bench_peers", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    pins = tmp_path / "requirements-peers.txt"
+    pins.write_text("# comment\nllama-cpp-python==1.2.3  # why\n")
+    assert script.pinned_version(pins) == "1.2.3"
+    assert script.pinned_version() in script.REQUIREMENTS.read_text()  # the real file's pin
+    assert "does not grant it" in script.why(SAPPHIRE, granted=False)
+    assert "native" in script.why(SAPPHIRE, granted=True) and "no AMX" in script.why(set(), granted=False)
