@@ -30,24 +30,23 @@ class Crashed(Unavailable):
 
 def crash_line(returncode: int) -> str:
     """One line for a child that ended with `returncode` (a signal when negative) before answering."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = "unknown"
-        what = f"signal {-returncode} ({name})"
-    else:
-        what = f"exit status {returncode}"
+    if returncode >= 0:  # Python's own exit (an import that failed, say): its traceback is on stderr above
+        return f"no llama.cpp row: its child process ended with exit status {returncode} (its error is above)"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "unknown"
+    what = f"signal {-returncode} ({name})"
     if amx_refused():
-        return (f"llama.cpp crashed: {what}, in its AMX kernel (this CPU advertises AMX and the kernel does not "
-                f"grant it); `{INSTALL}` rebuilds it without AMX. The bench goes on without its row")
+        return (f"llama.cpp crashed: {what}, likely in its AMX kernel (this CPU advertises AMX and the kernel does "
+                f"not grant it); `{INSTALL}` rebuilds it without AMX. The bench goes on without its row")
     return (f"llama.cpp crashed: {what}; `{INSTALL}` rebuilds it for this CPU (without AMX where the kernel does "
             "not grant it). The bench goes on without its row")
 
 
 class InChild:
-    """llamacpp.LlamaCpp living in a child process, with its `time` and
-    `time_generate`, and its `gguf`, `threads` and `version` as the bench reads them."""
+    """llamacpp.LlamaCpp living in a child process: its `time`, `time_generate`, `gguf`, `threads` and
+    `version`, as the bench reads them."""
 
     def __init__(self, gguf: Path, threads: int, context: int):
         self.gguf, self.threads = Path(gguf), threads
