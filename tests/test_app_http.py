@@ -31,6 +31,7 @@ def test_api_lists_the_compare_endpoint_with_its_three_parameters(client):
     params = endpoints["/compare"]["parameters"]
     assert [p["parameter_name"] for p in params[:3]] == ["prompt", "speedup", "max_new_tokens"]
     assert all(p["parameter_has_default"] for p in params[3:])  # the page's other settings are optional
+    assert client.config["run_history"] is False  # nothing kept in a shared PC's browser (docs/hosting.md)
 
 
 def test_compare_returns_both_outputs_traces_and_quality(client, served_engine):

@@ -84,13 +84,41 @@ def test_on_zero_gpu_the_task_is_decorated_with_its_duration(fake_spaces, monkey
 
     assert gpu.gpu_task(decode, duration=42)("hi") == ("on the GPU", "HI")
     gpu.gpu_task(decode)
+    (_, fixed), (_, estimate) = fake_spaces.calls
+    assert fixed == 42 and callable(estimate)  # by default each call's own duration (request_seconds)
+    assert estimate("hi") == round(gpu.FIXED_S)  # a handler that decodes nothing: the fixed part
     monkeypatch.setenv(gpu.DURATION_ENV, "90")
-    gpu.gpu_task(decode)
-    assert fake_spaces.calls == [("decode", 42), ("decode", gpu.DEFAULT_DURATION_S), ("decode", 90)]
     assert gpu.time_limit(300.0) == 90 - gpu.MARGIN_S and gpu.time_limit(20.0) == 20.0
     monkeypatch.setenv(gpu.DURATION_ENV, "0")
     with pytest.raises(ValueError, match=gpu.DURATION_ENV):
-        gpu.gpu_task(decode)
+        estimate("hi")
+
+
+def test_each_request_asks_for_the_seconds_its_tokens_beams_and_verification_need(fake_spaces, monkeypatch):
+    """ZeroGPU's duration callable (request_seconds) gets a handler's own arguments, positional as Gradio
+    passes them: more tokens, beams or verification ask for more, never over $SKIPDECODE_GPU_DURATION_S."""
+    from app.callbacks import Callbacks
+    from app.verified import VERIFIED
+
+    handlers = Callbacks(studio=None)
+
+    def compare(tokens, decoding="greedy", beams=4, family=None):  # the page's Run: stream_compare's 18 inputs
+        return gpu.request_seconds(handlers.stream_compare, "name[The Eagle]", "auto", 3, tokens, decoding, 0.7,
+                                   0.9, 0, 0, False, 0, 0, 2, 0, "linear", "skip", beams, family)
+
+    greedy = compare(48)
+    assert gpu.FIXED_S < greedy < compare(96) < gpu.DEFAULT_DURATION_S  # a short request queues sooner
+    assert compare(48, family=VERIFIED) > greedy and compare(16, "beam search", 3) > compare(16)
+    assert compare(16, "sampling", beams=8) == compare(16)  # beams count only for beam search
+    api = gpu.request_seconds(handlers.compare_api, "name[The Eagle]", max_new_tokens=48, verify=True)
+    assert api == compare(48, family=VERIFIED)  # the HTTP API by keyword: the same estimate
+    assert compare(512, "beam search", 4) == gpu.DEFAULT_DURATION_S  # capped
+    monkeypatch.setenv(gpu.DURATION_ENV, "30")
+    assert compare(512) == 30 and compare(8) <= 30
+    assert gpu.request_seconds(handlers.throughput, "a\nb", "auto", 3, 32) > \
+        gpu.request_seconds(handlers.batch, "a\nb", "auto", 3, 32)  # its batch sizes decode in turn
+    assert gpu.request_seconds(handlers.batch, "a", "auto", 3, "many") == 30  # bad input: the studio says so
+    assert gpu.request_seconds(handlers.kv_cache, None) == round(gpu.FIXED_S)  # no decoding: the fixed part
 
 
 def test_on_zero_gpu_the_model_running_handlers_are_decorated_as_bound_methods(fake_spaces, monkeypatch):
@@ -119,12 +147,13 @@ def run_app(monkeypatch) -> dict:
         def warm_up(self):
             seen["warm_up"] = True
 
-    demo = types.SimpleNamespace(queue=lambda **kw: None, launch=lambda **kw: seen.update(launched=True))
+    demo = types.SimpleNamespace(queue=lambda **kw: None, launch=lambda **kw: seen.update(launched=kw))
     monkeypatch.setattr(entry, "Studio", Studio)
     monkeypatch.setattr(entry, "build", lambda studio, concurrency: demo)
     monkeypatch.setattr(gpu, "preload", lambda studio: seen.update(preloaded=True))
     monkeypatch.delenv(entry.TIME_LIMIT_ENV, raising=False)
     entry.main([])
+    seen["entry"] = entry
     seen["batcher"].close()
     return seen
 
@@ -136,6 +165,24 @@ def test_the_app_on_a_cpu_warms_up_as_before(fake_spaces, monkeypatch):
     seen = run_app(monkeypatch)
     assert type(seen["batcher"]) is Batcher and seen["warm_up"] and "preloaded" not in seen
     assert seen["limits"].time_limit_s == Limits.time_limit_s and seen["launched"]
+
+
+def test_run_history_is_off_unless_the_host_turns_it_on(fake_spaces, monkeypatch):
+    """Gradio keeps each visitor's runs in the browser unless told not to: on a shared classroom PC the next
+    student would see the last one's prompts. Off by default; on, the page links the history."""
+    import gradio
+
+    monkeypatch.delenv("SKIPDECODE_RUN_HISTORY", raising=False)
+    launched = run_app(monkeypatch)["launched"]
+    assert launched["run_history"] is False and "runs" not in launched["footer_links"]
+    assert "run_history" in gradio.Blocks.launch.__code__.co_varnames  # the parameter this Gradio takes
+    monkeypatch.setenv("SKIPDECODE_RUN_HISTORY", "on")
+    seen = run_app(monkeypatch)
+    assert seen["launched"]["run_history"] is True and "runs" in seen["launched"]["footer_links"]
+    assert seen["entry"].RUN_HISTORY_ENV == "SKIPDECODE_RUN_HISTORY"
+    monkeypatch.setenv("SKIPDECODE_RUN_HISTORY", "maybe")
+    with pytest.raises(SystemExit):  # argparse's error: the variable named, no server started
+        run_app(monkeypatch)
 
 
 def test_the_app_on_zero_gpu_loads_the_models_and_decodes_nothing_in_the_server(fake_spaces, monkeypatch):
@@ -320,3 +367,18 @@ def test_the_hub_copy_of_the_default_falls_back_to_the_bundle_quietly(unreachabl
         assert _hub_or_bundled(DEFAULT_HUB_ID) == str(cached_default())
     assert unreachable_hub and network_messages(caught, caplog, capfd) == []
 
+
+
+def test_the_served_code_parses_with_python_310s_grammar():
+    """ZeroGPU runs Python 3.10 only: no file a Space gets may use later syntax (`except*`, `type X = ...`,
+    generic classes `class A[T]`, ...). ast's feature_version rejects what 3.10's grammar lacks."""
+    import ast
+
+    from test_publish_space import publish_space
+
+    served = [f.path for f in publish_space.space_files() if f.path.endswith(".py")]
+    assert "app.py" in served and "app/gpu.py" in served
+    for path in served:
+        ast.parse((ROOT / path).read_text(encoding="utf-8"), filename=path, feature_version=(3, 10))
+    with pytest.raises(SyntaxError):  # the check can fail: 3.11's except* is refused
+        ast.parse("try:\n    pass\nexcept* ValueError:\n    pass\n", feature_version=(3, 10))

@@ -1,9 +1,11 @@
 """llama.cpp in the benchmark: its row from a real run when llama-cpp-python is installed (`make
-bench-peers`; CI does not install it, and then these skip), and a clear line naming that command when it
-is missing."""
+bench-peers`; CI does not install it, and then these skip), a clear line naming that command when it is
+missing, and one line when its child process crashes, after which the bench goes on."""
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +73,9 @@ def test_llamacpp_runs_the_whole_prompt_every_call_in_its_own_loop(engine):
     from skipdecode.evaluation import llamacpp
 
     ids = engine.encode("name[The Eagle], food[Italian]")
-    runner = llamacpp.for_engine(engine, len(ids) + 6, threads=1)
+    from skipdecode.models import default_gguf
+
+    runner = llamacpp.LlamaCpp(default_gguf(), 1, len(ids) + 6)  # in this process: its module is counted here
     decoded = []
     real = runner.cpp.llama_decode
 
@@ -94,3 +98,67 @@ def test_llamacpp_runs_the_whole_prompt_every_call_in_its_own_loop(engine):
     generated_timings, generated = runner.time_generate(ids, 6)
     assert generated == first and len(generated_timings) == 3
     assert runner.time(ids, 6)[1] == first  # the high-level call left nothing behind in the cache
+
+
+# The child's program with a stand-in for llamacpp.LlamaCpp (llamacpp_child.serve's runner): its first
+# FAKE_LLAMACPP_ANSWERS calls answer, and the next kills its process with SIGSEGV, as llama.cpp's AMX kernel does
+# where the kernel does not grant AMX.
+FAKE = """
+import os, signal
+from skipdecode.evaluation.llamacpp_child import serve
+
+class Crashing:
+    version = "fake"
+
+    def __init__(self, gguf, threads, context):
+        self.calls = int(os.environ.get("FAKE_LLAMACPP_ANSWERS", "0"))
+
+    def time(self, ids, new_tokens):
+        if self.calls == 0:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        self.calls -= 1
+        return (3.0, 1.0, 1.0), list(ids)[:new_tokens]
+
+    time_generate = time
+
+serve(Crashing)
+"""
+
+
+@pytest.fixture
+def crashing(tmp_path, monkeypatch):
+    """The child's command swapped for the crashing stand-in, which imports this checkout's package."""
+    from skipdecode.evaluation import llamacpp_child
+
+    (tmp_path / "fake_llamacpp.py").write_text(FAKE)
+    root = str(Path(__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setattr(llamacpp_child, "CHILD", (str(tmp_path / "fake_llamacpp.py"),))
+    return monkeypatch
+
+
+def test_the_child_answers_then_its_crash_is_one_line_naming_make_bench_peers(crashing):
+    from skipdecode.evaluation.llamacpp_child import Crashed, InChild
+
+    crashing.setenv("FAKE_LLAMACPP_ANSWERS", "1")
+    runner = InChild("model.gguf", 2, 64)
+    assert runner.version == "fake" and runner.threads == 2 and runner.gguf.name == "model.gguf"
+    assert runner.time([5, 6, 7], 2) == ((3.0, 1.0, 1.0), [5, 6])  # a round trip through the pipes
+    with pytest.raises(Crashed, match=r"^llama\.cpp crashed: signal 11 \(SIGSEGV\).*`make bench-peers` rebuilds"):
+        runner.time_generate([5, 6, 7], 2)
+    runner.close()
+
+
+def test_bench_goes_on_when_llamacpp_crashes(crashing, engine):
+    from skipdecode.evaluation import bench
+    from skipdecode.evaluation.data import Item
+    from skipdecode.evaluation.llamacpp_child import InChild
+
+    crashing.setenv("FAKE_LLAMACPP_ANSWERS", "2")  # the warm-up round's two timings, then the crash
+    said = []
+    rows, _ = bench.run(engine, [Item("name[The Eagle], food[French]", ("x",))], speedups=(1,), batch_sizes=(1,),
+                        new_tokens=2, repeats=1, hf=False, peer=False, progress=said.append,
+                        llamacpp=InChild("model.gguf", 1, 64))
+    lines = [line for line in said if "llama.cpp crashed" in line]
+    assert len(lines) == 1 and "signal 11" in lines[0] and INSTALL in lines[0], said
+    assert [r["method"] for r in rows] == ["full"] and "vs_llamacpp" not in rows[0]  # and the bench went on

@@ -10,6 +10,7 @@ bad upload, and that the dry run lists exactly the files huggingface_hub's uploa
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -24,7 +25,8 @@ spec.loader.exec_module(publish_space)
 
 NEVER_SENT = (".venv/", "tests/", "test-artifacts/", "docs/results/", "scripts/", "experiments/", "checkpoints/",
               ".git/", ".gradio/", "__pycache__/", ".egg-info/", ".pytest_cache/")
-FRONT_MATTER = "---\ntitle: t\nsdk: {sdk}\napp_file: app.py\n---\n# t\n"
+CARD = "".join(f"{key}: {json.dumps(value)}\n" for key, value in publish_space.card_fields().items())
+FRONT_MATTER = "---\ntitle: t\nsdk: {sdk}\napp_file: app.py\n" + CARD.replace("{", "{{").replace("}", "}}") + "---\n# t\n"
 TREE = {  # a checkout with the kinds of files a working tree collects besides the served ones
     "README.md": FRONT_MATTER.format(sdk="gradio"), "app.py": "print()\n", "requirements.txt": "gradio\n",
     "pyproject.toml": "[project]\n", "app/__init__.py": "", "app/__pycache__/studio.cpython-311.pyc": b"\0pyc",
@@ -95,6 +97,62 @@ def test_the_space_passes_the_checks_and_fits_the_budget():
     assert publish_space.problems(files) == []
     assert sum(f.size for f in files) < publish_space.SIZE_BUDGET
     assert all(f.lfs for f in files if f.binary or f.size > publish_space.SPACE_FILE_LIMIT)
+
+
+def read_front_matter(readme: Path) -> dict:
+    """README.md's front matter parsed as YAML here, not by the script's own reader."""
+    import yaml
+
+    block = re.match(r"---\n(.*?)\n---\n", readme.read_text(encoding="utf-8"), re.S)
+    assert block, "README.md opens with no front matter"
+    return yaml.safe_load(block.group(1))
+
+
+def test_the_front_matter_holds_the_hubs_fields_and_models_pins():
+    from skipdecode.models import BUNDLED_GGUF, DEFAULT_HUB_ID, HUB_GGUF_REPO, HUB_GGUF_REVISION
+
+    meta = read_front_matter(ROOT / "README.md")
+    assert set(meta) <= publish_space.CARD_KEYS, set(meta) - publish_space.CARD_KEYS  # the keys the Hub documents
+    assert {DEFAULT_HUB_ID, HUB_GGUF_REPO} <= set(meta["models"]) and meta["datasets"] == ["tuetschek/e2e_nlg"]
+    assert meta["tags"] and all(isinstance(tag, str) and tag == tag.lower() for tag in meta["tags"])
+    assert [entry.split() for entry in meta["preload_from_hub"]] == [[HUB_GGUF_REPO, BUNDLED_GGUF, HUB_GGUF_REVISION]]
+    assert meta["suggested_hardware"] in publish_space.HARDWARE and meta["sdk_version"] == "6.31.0"
+    assert publish_space.card_problems(meta) == []
+
+
+GOOD = publish_space.card_fields()
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"models": None}, "has no `models`"),
+    ({"datasets": "tuetschek/e2e_nlg"}, "`datasets` must be a list of strings"),
+    ({"models": ["SmolLM2"]}, "must hold Hub ids"),
+    ({"preload_from_hub": [GOOD["preload_from_hub"][0].rsplit(" ", 1)[0] + " main"]}, "`preload_from_hub` must hold"),
+    ({"preload_form_hub": GOOD["preload_from_hub"]}, "`preload_form_hub`, which the Hub does not document"),
+    ({"suggested_hardware": "zero-a10g"}, "is not a flavor the Hub lists"),
+    ({"suggested_hardware": None}, "has no `suggested_hardware`"),
+])
+def test_the_card_check_names_a_missing_malformed_or_unknown_field(change, expected):
+    meta = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    found = publish_space.card_problems(meta)
+    assert any(expected in problem for problem in found), found
+
+
+def test_write_card_sets_the_fields_and_leaves_the_rest(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("---\ntitle: t\ntags:\n  - old\nsdk: gradio\n---\n# t\n\ntext\n")
+    publish_space.write_card(readme, GOOD)
+    written = readme.read_text()
+    assert written.startswith("---\ntitle: t\ntags: ") and written.endswith("---\n# t\n\ntext\n")
+    assert publish_space.card_problems(read_front_matter(readme)) == [] and "old" not in written
+    publish_space.write_card(readme, GOOD)
+    assert readme.read_text() == written  # a second run changes nothing
+
+
+def test_zero_gpu_needs_python_310_in_the_front_matter():
+    assert "ZeroGPU runs Python 3.10" in publish_space.zero_gpu_problems("zero-a10g", {"python_version": "3.11"})[0]
+    assert publish_space.zero_gpu_problems("zero-a10g", {"python_version": "3.10"}) == []
+    assert publish_space.zero_gpu_problems("t4-small", {"python_version": "3.11"}) == []
 
 
 # ---- the patterns and the checks, on a made-up tree ------------------------------------------------

@@ -310,8 +310,11 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
     many as the largest batch; a batch of B takes the first B. `labels` go into every row of ours.
     `steps`: the decode steps (STEPS) every case runs with, in turns; `decoders` (kernel_decoders): the
     product kernels every case runs on, in turns.
-    `llamacpp` (a llamacpp.LlamaCpp) adds its row: the first prompt, batch 1, full depth, in the same rounds."""
+    `llamacpp` (llamacpp_child.for_engine's runner) adds its row: the first prompt, batch 1, full depth, in the same
+    rounds; where it ends (its child crashed, llamacpp_child.py), one line says why and the rest goes on."""
     import torch
+
+    from .llamacpp import Unavailable
 
     from .peers import calibrate
     from ..schedule import Schedule, for_speedup
@@ -346,10 +349,15 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
         say(f"round {round_ + 1}/{warmup_rounds + repeats}" + ("" if counted else " (warm-up, not counted)"))
         if counted:
             bandwidth.append(read_bandwidth(probe))
-        for case in timed:
+        for case in list(timed):
             if case.method == METHOD:
-                sample, case.generation = llamacpp.time(ids[0], new_tokens)
-                generate_sample, case.hf_tokens = llamacpp.time_generate(ids[0], new_tokens)
+                try:
+                    sample, case.generation = llamacpp.time(ids[0], new_tokens)
+                    generate_sample, case.hf_tokens = llamacpp.time_generate(ids[0], new_tokens)
+                except Unavailable as why:
+                    say(str(why))
+                    llamacpp, timed = None, cases
+                    continue
                 if counted:
                     case.samples.append(sample)
                     case.generate.append(generate_sample)
@@ -743,6 +751,8 @@ def cmd_bench(args) -> int:
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
                           labels=labels, llamacpp=llamacpp, steps=steps, decoders=decoders)
+    if llamacpp is not None:
+        llamacpp.close()
     report = {"command": " ".join(["skipdecode", *sys.argv[1:]]), "model": engine.name, "machine": before,
               "date": time.strftime("%Y-%m-%d"), "dtype": dtype, "weights": labels["weights"],
               "precision": precision_reason(engine.decoder.device) if args.dtype == "auto" else f"{dtype}: --dtype",
@@ -779,7 +789,8 @@ def open_llamacpp(engine, items, batch_sizes, new_tokens, say):
     """llama.cpp for this run's row (llamacpp.py), or None after one line saying why there is none."""
     import torch
 
-    from .llamacpp import Unavailable, for_engine
+    from .llamacpp import Unavailable
+    from .llamacpp_child import for_engine
 
     try:
         if 1 not in batch_sizes:

@@ -15,6 +15,9 @@ high-level `Llama.generate` adds its Python around each token (its sampler objec
 `LlamaCpp.time_generate` times that path too, and the bench reports the difference per token as
 `generate_overhead_ms` beside the row, outside its figures.
 
+The bench runs it in a child process (llamacpp_child.py), so that a crash in llama.cpp's C code is one
+line and the bench goes on without the row.
+
 llama-cpp-python compiles llama.cpp when it is installed (about 10 minutes on 2 cores), so `make
 bench-peers` installs it and `make install` / `make test` never do; without it the bench says so and
 goes on without the row.
@@ -105,21 +108,6 @@ class LlamaCpp:
 def figures(started: float, first: float, end: float, new_tokens: int) -> tuple[float, float, float]:
     """(total ms, first-token ms, decode ms per step) from the clock at the call, the first token and the last."""
     return (end - started) * 1000, (first - started) * 1000, (end - first) * 1000 / max(new_tokens - 1, 1)
-
-
-def for_engine(engine, context: int, threads: int) -> LlamaCpp:
-    """llama.cpp on the GGUF file the engine's weights come from, or Unavailable saying why not."""
-    from ..models import DEFAULT_MODEL, default_gguf
-
-    base = getattr(engine, "base_name", engine.name)
-    if base != DEFAULT_MODEL:
-        raise Unavailable(f"no llama.cpp row: it runs the bundled GGUF of {DEFAULT_MODEL}, and this run's model is "
-                          f"{base}")
-    try:
-        gguf = default_gguf()
-    except FileNotFoundError as error:
-        raise Unavailable(f"no llama.cpp row: {error}") from None
-    return LlamaCpp(gguf, threads, context)
 
 
 def gguf_bytes(path: Path) -> dict:
