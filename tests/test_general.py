@@ -81,6 +81,7 @@ def test_validation_is_a_fixed_held_out_slice_that_training_never_sees(pool):
     assert targets.training_prompts(tokenizer, other) == train
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not POOL.exists(), reason="the shared prompt pool is not on this machine")
 def test_the_real_validation_set(engine):
     validation = general.validation_prompts(engine.tokenizer)
@@ -243,6 +244,7 @@ def test_eval_prompts_command_smoke(tmp_path, cli):
 
 
 # ---- training ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_full_depth_answers_are_cached_and_not_generated_again(engine, tmp_path, monkeypatch):
     cache = targets.targets_file(tmp_path, engine, 6)
     assert cache.name == "targets-SmolLM2-135M-Instruct-float32-6tokens.jsonl"
@@ -256,6 +258,7 @@ def test_full_depth_answers_are_cached_and_not_generated_again(engine, tmp_path,
     assert targets.reference_answers(engine, prompts[:2], 6, cache=cache) == {p: first[p] for p in prompts[:2]}
 
 
+@pytest.mark.slow
 def test_a_few_steps_on_general_prompts_lower_the_loss_and_resume_from_the_cache(pool, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
@@ -312,6 +315,7 @@ def test_a_target_is_cut_where_it_starts_to_loop():
     assert targets.cut_at_loop([1, 2], 8) == [1, 2]
 
 
+@pytest.mark.slow
 def test_sequence_unlikelihood_batches_are_the_students_greedy_answers_scored_on_their_repeats(pool, tmp_path,
                                                                                                  monkeypatch):
     """`--sequence-unlikelihood 0.5`: every other batch the student decodes the prompts greedily (the same

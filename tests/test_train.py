@@ -25,6 +25,7 @@ def greedy_then_teacher_force(engine, model, prompt_ids, schedule, new_tokens):
     return result, runs, target, predicted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["skip", "early_exit"])
 def test_training_plan_equals_decoding_plan(engine, mode):
     schedule = for_speedup(3, engine.num_layers, horizon=12, warmup=2, mode=mode)
@@ -47,6 +48,7 @@ def test_tiny_llama_teacher_forcing_matches_decoding():
     assert predicted == target
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss():
     from peft import LoraConfig, get_peft_model
 
@@ -160,6 +162,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     assert "teacher's greedy outputs, not the references" in (tmp_path / "skd" / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
     """Each reference of an MR becomes the full-depth model's greedy output for that MR; the MR keeps its
     number of training examples."""
@@ -174,6 +177,7 @@ def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
         assert alone.strip() not in item.refs
 
 
+@pytest.mark.slow
 def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(engine, tmp_path, monkeypatch):
     """With a cache file, the teacher's outputs are written as they are decoded; the next call reads them
     (even after a line cut short by a stopped run) and decodes nothing, with the same targets."""
@@ -212,6 +216,7 @@ def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
     assert teacher_cache(tmp_path / "ck", "none") is None
 
 
+@pytest.mark.slow
 def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
     """`--sequence-kd 0.5` keeps about half of the human references; which ones is fixed by the seed; a share
     of 0 keeps them all; an out-of-range share is refused before any work."""
