@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help demo test install clean bench-peers bench
+.PHONY: help demo test test-fast install clean bench-peers bench
 # A bare `make` lists the targets (the `## ` comment after each) and changes nothing.
 .DEFAULT_GOAL := help
 
@@ -25,6 +25,10 @@ demo: $(STAMP)  ## SkipDecode Studio at http://127.0.0.1:7860
 test: $(STAMP)  ## every test; the browser tests' chromium installed here when missing and possible
 	bash scripts/setup_browser.sh
 	$(PY) -m pytest -q --durations=20
+
+# The tests marked slow (pyproject.toml): browsers, app servers, first starts, training runs, compiles.
+test-fast: $(STAMP)  ## a developer's loop: every test not marked slow (no browser, no app server, no training)
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 clean:  ## remove .venv, the pytest cache and test-artifacts/
 	rm -rf $(VENV) .pytest_cache test-artifacts

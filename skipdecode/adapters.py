@@ -215,18 +215,6 @@ def run_speedup(info, speedup: float | None) -> float | None:
 FLOAT32_TASKS = ("e2e",)
 
 
-# Tasks whose adapters stay off the GGUF's 4-bit blocks (skipdecode/q4.py) under "auto": none. On the E2E
-# devset (first 64 MRs, `SKIPDECODE_DTYPE=int4|float32 skipdecode eval --split dev --limit 64 --speedups 1,2,3,5
-# --no-untrained`) the 4-bit path scored e2e-1x 68.6 vs 68.9 BLEU, e2e-all 2x 67.5 vs 67.5, 3x 66.5 vs 66.7,
-# e2e-5x 5x 67.3 vs 67.3: within the 0.5 a path may cost.
-INT4_HELD_BACK_TASKS: tuple[str, ...] = ()
-
-
-def int4_held_back(info: AdapterInfo | None) -> bool:
-    """Whether an adapter keeps the dequantized path when "auto" would run the 4-bit one."""
-    return info is not None and info.task in INT4_HELD_BACK_TASKS
-
-
 def adapter_dtype(info: AdapterInfo | None, dtype="auto"):
     """The dtype to load a model with this adapter in: `dtype` as asked, except that "auto" keeps the
     adapters of FLOAT32_TASKS in float32."""

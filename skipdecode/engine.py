@@ -352,10 +352,9 @@ def shares_base(name_or_path: str | None, adapter=None, device: str = "auto", dt
     """Whether `Engine.load` with these arguments runs on the process's one packed 4-bit base
     (skipdecode/q4.py), an adapter unmerged beside it, rather than on weights of its own."""
     from . import q4
-    from .adapters import int4_held_back
     from .models import resolve_device
 
-    return q4.chosen(name_or_path, resolve_device(device), dtype, held_back=int4_held_back(_adapter_info(adapter)))
+    return q4.chosen(name_or_path, resolve_device(device), dtype)
 
 
 def _own_memory(model: torch.nn.Module) -> None:

@@ -290,11 +290,11 @@ def lora_factors(folder: Path, num_layers: int) -> list[dict[str, tuple[torch.Te
     return factors
 
 
-def chosen(name: str | None, device: torch.device, dtype, held_back: bool = False) -> bool:
+def chosen(name: str | None, device: torch.device, dtype) -> bool:
     """Whether a model runs on its GGUF blocks: `dtype` "int4" asks for it (so does $SKIPDECODE_DTYPE=int4
-    under "auto"); "auto" otherwise picks it on a CPU for the bundled model unless `held_back` (an adapter
-    whose task stays off this path: adapters.int4_held_back). Any other dtype, float32 for one, is the
-    dequantized path."""
+    under "auto"); "auto" otherwise picks it on a CPU for the bundled model, with any adapter: every served
+    one scores within what a path may cost on it (docs/research/cpu-4bit-kernels.md, "Quality"). Any other
+    dtype, float32 for one, is the dequantized path."""
     from .models import DEFAULT_MODEL, DTYPE_ENV
 
     if dtype in (None, "auto"):
@@ -303,7 +303,7 @@ def chosen(name: str | None, device: torch.device, dtype, held_back: bool = Fals
         if name not in (None, DEFAULT_MODEL) or device.type != "cpu":
             raise ValueError(f"dtype {INT4} runs the bundled GGUF ({DEFAULT_MODEL}) on a CPU only")
         return True
-    return dtype == "auto" and not held_back and name in (None, DEFAULT_MODEL) and device.type == "cpu"
+    return dtype == "auto" and name in (None, DEFAULT_MODEL) and device.type == "cpu"
 
 
 _BASE: dict = {}

@@ -139,6 +139,25 @@ def url():
     return appserver.app_url()
 
 
+# The browser tests' chromium: Debian's (scripts/setup_browser.sh installs it), never one playwright downloads.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium driven by playwright, one for each test file that asks for it."""
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
 @pytest.fixture(scope="session")
 def served_engine():
     """The default model on the precision of the app servers that tests compare tokens with ("auto": the 4-bit

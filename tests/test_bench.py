@@ -75,12 +75,18 @@ def test_floor_is_the_bytes_a_step_reads_over_the_bandwidth():
     assert cost.reads(1).floor_ms(4, peer, 1e3) == pytest.approx(elements.step(2, 5, rows=2, kv_only=1) * 1000 / 1e3)
 
 
-def test_read_bandwidth_is_bytes_over_seconds():
+def test_read_bandwidth_is_bytes_over_seconds_of_the_fastest_pass(monkeypatch):
+    """On a clock whose three passes take 0.5, 0.25 and 0.4 s: the probe's bytes over the fastest one."""
+    from types import SimpleNamespace
+
     import torch
 
-    from skipdecode.evaluation.bench import read_bandwidth
+    from skipdecode.evaluation import bench
 
-    assert read_bandwidth(torch.ones(1 << 16), repeats=2) > 0
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.4])
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    probe = torch.ones(1 << 16)  # float32: 4 bytes an element
+    assert bench.read_bandwidth(probe, repeats=3) == (1 << 16) * 4 / 0.25
 
 
 def test_agreement_counts_full_outputs_tokens_up_to_eos():

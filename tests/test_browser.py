@@ -5,16 +5,12 @@ this way); look at them: they are what a visitor sees."""
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
 from appserver import ROOT, app_url
 
 pytestmark = pytest.mark.slow
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / (os.environ.get("SKIPDECODE_SCREENSHOTS") or "test-artifacts")
 PROMPT = ("Write one sentence describing this restaurant, using every fact: name[The Cricketers], "
           "eatType[coffee shop], customer rating[high], familyFriendly[yes], near[Express by Holiday Inn]")
@@ -30,18 +26,6 @@ SERVER = dict(name="app-shipped", env={"SKIPDECODE_ADAPTERS": str(ROOT / "assets
 def servers(fixtures):
     """For conftest.py: the page's server, for the tests with a page or a browser."""
     return [SERVER] if "page" in fixtures or "browser" in fixtures else []
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,9 @@
 import json
 import subprocess
 import sys
+
+import pytest
+
 from conftest import PROMPTS
 
 
@@ -11,6 +14,7 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", "skipdecode", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_generate_json_is_one_object_with_the_documented_fields():
     done = run("generate", "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--speedup", "3",
                "--max-new-tokens", "12", "--json")

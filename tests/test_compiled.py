@@ -59,6 +59,7 @@ def inductor_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "inductor"))
 
 
+@pytest.mark.slow
 def test_compiled_step_decodes_what_the_eager_steps_decode():
     engine = tiny_int4()
     # auto: measured not to pay (docs/research/compiled-step.md)
@@ -73,6 +74,7 @@ def test_compiled_step_decodes_what_the_eager_steps_decode():
     assert engine._steps.compiled.fn is not None
 
 
+@pytest.mark.slow
 def test_one_graph_serves_every_layer_subset_and_adapter():
     plain, adapted = tiny_int4(), tiny_int4(lora=2)
     decode(plain, "on", tokens=3)  # batch 3, width 256: compiled once
@@ -86,6 +88,7 @@ def test_one_graph_serves_every_layer_subset_and_adapter():
     assert graphs() == before + 1  # another batch size is another graph
 
 
+@pytest.mark.slow
 def test_a_row_decodes_the_same_in_a_batch_of_16_as_alone():
     engine = tiny_int4()
     rows = [BATCH[i % 3] for i in range(16)]

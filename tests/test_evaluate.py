@@ -3,7 +3,6 @@
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -455,8 +454,11 @@ def test_paired_bootstrap_tells_a_real_gain_from_a_tie(tmp_path):
 
 
 def test_rescore_adds_the_new_metrics_and_keeps_what_decoding_measured(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
-    from rescore_e2e import rescore
+    """scripts/rescore_e2e.py: the metrics again from the saved outputs, the decoding's own columns kept."""
+    spec = importlib.util.spec_from_file_location("rescore_e2e", ROOT / "scripts" / "rescore_e2e.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rescore = module.rescore
 
     from skipdecode.evaluation.evaluate import load_items
 

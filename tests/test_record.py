@@ -2,9 +2,10 @@
 fixtures): a good export passes unchanged, each damaged or hostile variant is refused at once with one sentence
 naming what is wrong."""
 
+import builtins
 import copy
+import io
 import json
-import time
 
 import pytest
 
@@ -75,16 +76,14 @@ def test_a_damaged_field_is_refused_by_name(record, tmp_path, where, value, name
     ("a page of notes, named .json", "not valid JSON"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not valid JSON"),
     ('{"format": "skipdecode-studio-trace/1"}', "is missing"),
-    ("[" * 100_000, "not valid JSON"),
+    ("[" * 100_000, "not valid JSON (recursion limit exceeded"),  # the parser stops at its nesting limit
     ("[1, 2]", "no JSON object"),
 ])
 def test_a_file_that_is_not_an_export_is_refused_in_one_sentence(tmp_path, content, says):
     path = write(tmp_path, content)
-    start = time.monotonic()
     with pytest.raises(ValueError, match=r"^[^\n]*$") as refused:
         schema.load(path)
     assert says in str(refused.value) and len(str(refused.value)) < 200
-    assert time.monotonic() - start < 0.5  # 100,000 nested "[" included: the parser stops at its nesting limit
 
 
 def test_nan_is_refused(record, tmp_path):  # noqa: F811
@@ -93,11 +92,15 @@ def test_nan_is_refused(record, tmp_path):  # noqa: F811
         schema.load(write(tmp_path, text))
 
 
-def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path):
+def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path = tmp_path / "huge.json"
     with open(path, "wb") as f:
         f.truncate(schema.MAX_BYTES * 3 // 2)  # 30 MB of nothing, written in no time
-    start = time.monotonic()
-    with pytest.raises(ValueError, match="bytes, more than the"):
+
+    def opened(*args, **kwargs):
+        raise AssertionError("the file was opened")
+
+    monkeypatch.setattr(io, "open", opened)  # what open(), Path.open and Path.read_bytes call
+    monkeypatch.setattr(builtins, "open", opened)
+    with pytest.raises(ValueError, match="bytes, more than the"):  # a stat, not a read
         schema.load(path)
-    assert time.monotonic() - start < 0.5  # a stat, not a read

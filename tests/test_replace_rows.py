@@ -1,4 +1,4 @@
-"""experiments/replace_rows.py: one row of a long results table follows a newer run, only when the runs agree."""
+"""scripts/replace_rows.py: one row of a long results table follows a newer run, only when the runs agree."""
 
 import importlib.util
 import json
@@ -14,7 +14,7 @@ MRS = ["name[A]", "name[B]"]
 
 
 def _replace_rows():
-    spec = importlib.util.spec_from_file_location("replace_rows", ROOT / "experiments" / "replace_rows.py")
+    spec = importlib.util.spec_from_file_location("replace_rows", ROOT / "scripts" / "replace_rows.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.replace_rows

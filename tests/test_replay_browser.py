@@ -21,7 +21,7 @@ from appserver import ARTIFACTS, app_url
 from test_browser import REPLAY_INPUT, SERVER, details, open_settings
 from test_record import changed
 from test_teach import comparison, record  # noqa: F401 (fixtures)
-from test_teach_browser import browser, open_page  # noqa: F401 (fixture)
+from test_teach_browser import open_page
 
 pytestmark = pytest.mark.slow
 # Markup for HTML and for Markdown: a heading, a link to script, a style that hides the page's header, images
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.slow
 EVIL = ('<h1 class="evil">H</h1><a class="evil" href="javascript:alert(1)">a</a>'
         '<style class="evil">#sd-header { display: none }</style><img class="evil" src="http://198.51.100.7/i.png">'
         ' ![evil](http://198.51.100.7/m.png) [evil](javascript:alert(2)) **bold** <b class="evil">b</b>')
-SOON_S = 5.0
 SHOWN = ("#sd-status", "#sd-skip-output", "#sd-full-output", "#sd-part-note", "#sd-lens", "#sd-quality",
          "#sd-metrics", "#sd-replay-note")
 
@@ -40,7 +39,7 @@ def servers(fixtures):
 
 
 @pytest.fixture(scope="module")
-def replaying(browser):  # noqa: F811
+def replaying(browser):
     """A fresh page, and every request it makes to anywhere but this machine."""
     page = open_page(browser)
     outside = []
@@ -94,13 +93,10 @@ def test_damaged_and_hostile_files_are_refused_in_one_sentence_and_change_nothin
     tracebacks = log.read_text().count("Traceback")
     before = texts(page, [selector for selector in SHOWN if selector != "#sd-replay-note"])
     for path, says in hostile(record, tmp_path):
-        start = time.monotonic()
         upload(page, path)
         note = page.locator("#sd-replay-note .sd-refused")
         note.filter(has_text=f"{path.name}: ").filter(has_text=says).wait_for(timeout=10_000)
-        # upload and answer, the 30 MB file included (refused by its size): 0.2-0.3 s each on a quiet 2-core
-        # machine, up to 2.1 s beside two busy processes; the bound is for "at once", not for a parse of 30 MB
-        assert time.monotonic() - start < SOON_S, path.name
+        # the 30 MB file is refused by its size, never read: tests/test_record.py checks that without a clock
         text = note.inner_text()
         assert text.count(". ") == 0 and text.endswith("."), text  # one sentence
         assert texts(page, before) == before, path.name

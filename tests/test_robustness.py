@@ -132,13 +132,16 @@ def test_the_library_refuses_bad_prompts_with_a_value_error(engine):
         batcher.close()
 
 
-def test_the_app_refuses_a_schedule_too_long_to_tabulate_before_building_it():
+def test_the_app_refuses_a_schedule_too_long_to_tabulate_before_building_it(monkeypatch):
     from app.studio import Settings
+    from skipdecode.schedule import Schedule
 
-    started = time.perf_counter()
+    def built(*args, **kwargs):
+        raise AssertionError("a Schedule was built")  # it would tabulate 10**12 budgets
+
+    monkeypatch.setattr(Schedule, "__init__", built)
     with pytest.raises(ValueError, match="horizon must be between 0"):
-        Settings(horizon=10**12).schedule(30)  # a Schedule would tabulate 10**12 budgets
-    assert time.perf_counter() - started < 1.0
+        Settings(horizon=10**12).schedule(30)
 
 
 # ---- the page's callbacks: gr.Error ----------------------------------------------------------------
@@ -392,15 +395,14 @@ def test_a_broken_adapter_gives_a_message_without_its_path(client):
 def test_an_internal_error_reaches_the_client_as_an_apology_and_the_host_as_a_traceback(client, guarded):
     from app.callbacks import INTERNAL_ERROR
 
-    for attempt in range(2):  # the second time, the model is not reloaded: the same answer at once
-        started = time.perf_counter()
+    for attempt in range(2):  # the second time, the model is not reloaded: the same answer
         with pytest.raises(Exception) as error:
             client.predict("Hi", 3.0, 2, model="garbage (fine-tuned for 3x)", api_name="/compare")
         assert INTERNAL_ERROR in str(error.value)
         nothing_internal(str(error.value))
-    assert time.perf_counter() - started < 5
     log = (ROOT / "test-artifacts" / "app-server-guarded.log").read_text()
     assert "internal error while serving a request" in log and "SafetensorError" in log and "Traceback" in log
+    assert "failed to load earlier" in log  # the second answer came from the remembered failure, not a reload
     answers(client)
 
 
@@ -423,39 +425,34 @@ def test_remote_code_is_never_trusted():
 
 
 @pytest.mark.slow
-def test_past_the_queue_users_are_told_busy_try_again_and_requests_stop_at_the_time_limit(guarded, client):
+def test_past_the_queue_users_are_told_busy_try_again_and_requests_stop_at_the_time_limit(guarded, client, browser):
     """Over the API and in Debian's headless chromium (what a visitor sees): with one request running and
     one waiting, the next is turned away at once with the busy message. The page also shows the message
     of a bad input. Then both requests stop at the time limit."""
-    from playwright.sync_api import sync_playwright
-
-    from test_browser import ARGS, CHROMIUM
-
     long = dict(max_new_tokens=512, model=DEFAULTS["model"], api_name="/compare")  # far beyond the limit here
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.goto(guarded)
-            page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
-            page.fill("#sd-prompt textarea", "a " * 10_000)
-            page.click("#sd-run")
-            page.get_by_text("this app takes at most 16,384").first.wait_for(timeout=30_000)
-            running = client.submit(LONG, 3.0, **long)  # one request at a time: this one runs...
-            wait_for(lambda: running.status().code == Status.PROCESSING)
-            waiting = Client(guarded, verbose=False).submit(LONG, 3.0, **long)  # ...this one waits in the queue
-            wait_for(lambda: waiting.status().code == Status.IN_QUEUE)
-            started = time.perf_counter()
-            with pytest.raises(Exception) as error:  # ...and the next is turned away at once
-                Client(guarded, verbose=False).predict("Hi", 3.0, 2, model=DEFAULTS["model"], api_name="/compare")
-            assert "try again" in str(error.value).lower() and time.perf_counter() - started < 10
-            page.fill("#sd-prompt textarea", "Hi")
-            page.click("#sd-run")
-            page.get_by_text("currently busy. Please try again").first.wait_for(timeout=30_000)
-            assert waiting.status().code == Status.IN_QUEUE, "the busy answers came while the queue was full"
-            page.screenshot(path=str(ROOT / "test-artifacts" / "busy.png"))
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.goto(guarded)
+        page.wait_for_selector("#sd-prompt textarea", timeout=60_000)
+        page.fill("#sd-prompt textarea", "a " * 10_000)
+        page.click("#sd-run")
+        page.get_by_text("this app takes at most 16,384").first.wait_for(timeout=30_000)
+        running = client.submit(LONG, 3.0, **long)  # one request at a time: this one runs...
+        wait_for(lambda: running.status().code == Status.PROCESSING)
+        waiting = Client(guarded, verbose=False).submit(LONG, 3.0, **long)  # ...this one waits in the queue
+        wait_for(lambda: waiting.status().code == Status.IN_QUEUE)
+        with pytest.raises(Exception) as error:  # ...and the next is turned away at once
+            Client(guarded, verbose=False).predict("Hi", 3.0, 2, model=DEFAULTS["model"], api_name="/compare")
+        assert "try again" in str(error.value).lower()
+        # at once: while the first request still runs, not after the time limit ended it and freed the queue
+        assert running.status().code == Status.PROCESSING, "turned away only once the running request ended"
+        page.fill("#sd-prompt textarea", "Hi")
+        page.click("#sd-run")
+        page.get_by_text("currently busy. Please try again").first.wait_for(timeout=30_000)
+        assert waiting.status().code == Status.IN_QUEUE, "the busy answers came while the queue was full"
+        page.screenshot(path=str(ROOT / "test-artifacts" / "busy.png"))
+    finally:
+        page.close()
     for job in (running, waiting):
         with pytest.raises(Exception) as error:
             job.result(timeout=60)
@@ -524,11 +521,12 @@ def test_a_reader_gives_up_at_its_deadline_even_if_the_worker_is_stuck(engine, m
     batcher = Batcher(window_s=0.0, time_limit_s=0.3)
     try:
         with batcher.exclusive():  # the worker cannot run a single position
+            started = time.monotonic()
             ticket = batcher.submit(engine, "Hi", max_new_tokens=4)
-            started = time.perf_counter()
             with pytest.raises(TimeoutError, match=r"time limit \(0.3 s\)"):
                 ticket.result()
-            assert time.perf_counter() - started < 2
+            # the reader's own rule (deadline + grace), not the worker's, which is held: it never answered
+            assert time.monotonic() - started >= 0.3 + 0.2
         batcher.time_limit_s = 60  # the worker still serves the next request (0.3 s is too tight on a busy machine)
         assert batcher.submit(engine, "Hi", max_new_tokens=1).result().done
     finally:

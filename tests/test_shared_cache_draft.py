@@ -93,6 +93,7 @@ def test_a_verified_comparison_drafts_with_it_and_says_so(folder):
     assert final.skip.token_ids == final.full.token_ids and final.skip.verification["drafted"] > 0
 
 
+@pytest.mark.slow
 def test_generate_verify_drafts_with_the_served_draft(cli):
     """The bundled model, an E2E MR at 3x: e2e-all is picked, e2e-1x verifies, e2e-draft-3x (shipped in
     assets/adapters) drafts, and the answer is full decoding's."""

@@ -11,7 +11,7 @@ import pytest
 
 from app.teach import SLIDES
 from appserver import app_url
-from test_browser import ARGS, CHROMIUM, PROMPT, REPLAY_INPUT, SERVER, SHOTS, details, run_and_wait, screenshot, \
+from test_browser import PROMPT, REPLAY_INPUT, SERVER, SHOTS, details, run_and_wait, screenshot, \
     set_tokens
 
 pytestmark = pytest.mark.slow
@@ -32,18 +32,6 @@ PLOTS = ("#sd-divergence-plot", "#sd-lens-plot", "#sd-budget-plot", "#sd-layer-p
 def servers(fixtures):
     """For conftest.py: the page's server, for the tests with a browser (the lesson's test opens a page of its own)."""
     return [SERVER] if "browser" in fixtures else []
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does this)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield browser
-        browser.close()
 
 
 def open_page(browser):

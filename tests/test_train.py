@@ -25,6 +25,7 @@ def greedy_then_teacher_force(engine, model, prompt_ids, schedule, new_tokens):
     return result, runs, target, predicted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["skip", "early_exit"])
 def test_training_plan_equals_decoding_plan(engine, mode):
     schedule = for_speedup(3, engine.num_layers, horizon=12, warmup=2, mode=mode)
@@ -47,6 +48,7 @@ def test_tiny_llama_teacher_forcing_matches_decoding():
     assert predicted == target
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss():
     from peft import LoraConfig, get_peft_model
 
@@ -67,71 +69,6 @@ def test_a_few_steps_lower_the_loss():
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
-
-
-def test_unlikelihood_counts_each_earlier_token_of_the_target_once_and_never_the_one_due():
-    from skipdecode.training.train import unlikelihood_loss
-
-    torch.manual_seed(0)
-    labels = torch.tensor([[-100, 3, 4, 3, 5], [-100, -100, 1, 1, -100]])  # targets [3, 4, 3, 5] and [1, 1]
-    log_probs = torch.randn(6, 6).log_softmax(-1)  # the six target positions, row after row
-
-    def ul(j, token):
-        return -torch.log1p(-log_probs[j, token].exp())
-
-    # [3 4 3 5]: at 4, {3}; at the second 3, {4} (3 is due); at 5, {3, 4}, 3 once; [1 1]: at the second 1, none
-    expected = (ul(1, 3) + ul(2, 4) + ul(3, 3) + ul(3, 4)) / 6
-    assert torch.allclose(unlikelihood_loss(log_probs, labels), expected)
-    assert unlikelihood_loss(log_probs, torch.tensor([[-100, 1, 2, 3, 4, 5]])[:, :6]) > 0
-    assert unlikelihood_loss(log_probs[:2], torch.tensor([[-100, 2, 2]])) == 0  # a repeat that is due is no candidate
-
-
-def test_unlikelihood_training_moves_probability_off_tokens_the_answer_already_used():
-    """One prompt, two answers that agree up to the third token: one repeats its first token there, the
-    other says something new. Cross-entropy alone splits the third token between them; with the term, the
-    repeat, a token the answer already used, keeps less."""
-    from peft import LoraConfig, get_peft_model
-
-    examples = [([1, 30], [40, 50, 40, 2]), ([1, 30], [40, 50, 60, 2])] * 4
-    input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad_id=0)
-    runs = layer_plan(Schedule(4, 4, 2, warmup=1, horizon=3), prompt_lens, fed_back, input_ids.shape[1])
-    input_ids, lengths, labels, runs = (t.to(DEVICE) for t in (input_ids, lengths, labels, runs))
-
-    def repeat_probability(weight):
-        torch.manual_seed(0)
-        lm = SkipLM(get_peft_model(tiny_model("llama", layers=4),
-                                   LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"])))
-        optimizer = torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad], lr=5e-3)
-        for _ in range(30):
-            lm(input_ids, lengths, runs, labels, unlikelihood=weight).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        with torch.no_grad():
-            third = lm.logits(input_ids[:1], lengths[:1], runs[:1], labels[:1]).softmax(-1)[2]
-        return third[40].item(), third[60].item()
-
-    repeat, new = repeat_probability(0.0)
-    assert abs(repeat - new) < 0.1 and repeat + new > 0.6  # cross-entropy alone: an even split
-    repeat, new = repeat_probability(1.0)
-    assert repeat < 0.7 * new
-
-
-def test_the_teachers_repetition_penalty_touches_only_what_the_answer_already_said():
-    """CTRL's penalty: at each target position, the tokens of the answer before it (not the prompt's, not
-    the one about to be said for the first time) get a positive logit divided, a negative one multiplied."""
-    from skipdecode.training.train import penalize_repeats
-
-    labels = torch.tensor([[-100, 3, 1, 3, 2], [-100, -100, 0, 0, -100]])  # 4 + 2 target positions
-    logits = torch.tensor([[2.0, -1.0, 4.0, 1.0]] * 6)
-    out = penalize_repeats(logits, labels, 2.0)
-    expected = logits.clone()
-    expected[1, 3] = 0.5  # after "3": 3 is divided
-    expected[2, 1], expected[2, 3] = -2.0, 0.5  # after "3 1": 1 (negative) multiplied, 3 divided
-    expected[3, 1], expected[3, 3] = -2.0, 0.5  # after "3 1 3": the same two, once each
-    expected[5, 0] = 1.0  # second row, after "0"
-    assert torch.equal(out, expected)
-    assert torch.equal(logits, torch.tensor([[2.0, -1.0, 4.0, 1.0]] * 6))  # the input is left as it was
-    assert penalize_repeats(logits, labels, 1.0) is logits
 
 
 def test_sequence_unlikelihood_penalizes_every_token_of_a_repeated_4gram_and_nothing_else():
@@ -225,6 +162,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     assert "teacher's greedy outputs, not the references" in (tmp_path / "skd" / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
     """Each reference of an MR becomes the full-depth model's greedy output for that MR; the MR keeps its
     number of training examples."""
@@ -239,6 +177,7 @@ def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
         assert alone.strip() not in item.refs
 
 
+@pytest.mark.slow
 def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(engine, tmp_path, monkeypatch):
     """With a cache file, the teacher's outputs are written as they are decoded; the next call reads them
     (even after a line cut short by a stopped run) and decodes nothing, with the same targets."""
@@ -277,6 +216,7 @@ def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
     assert teacher_cache(tmp_path / "ck", "none") is None
 
 
+@pytest.mark.slow
 def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
     """`--sequence-kd 0.5` keeps about half of the human references; which ones is fixed by the seed; a share
     of 0 keeps them all; an out-of-range share is refused before any work."""
@@ -293,22 +233,6 @@ def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
     assert training.teacher_items(engine, items, share=0.0, batch_size=2, max_new_tokens=8) == items
     with pytest.raises(ValueError, match="--sequence-kd is a share"):
         training.train(training.TrainConfig(out="unused", teacher="e2e-1x", distill=0.5, sequence_kd=1.5))
-
-
-def test_complete_refs_keeps_the_references_that_leave_out_the_fewest_values():
-    """Per MR, only the references that miss the fewest MR values stay (every MR keeps at least one), by
-    the matcher that scores slot errors: 'inexpensive' realizes cheap, a missing area counts."""
-    from skipdecode.evaluation.data import Item
-    from skipdecode.training.train import complete_refs
-
-    full = Item("name[Strada], priceRange[cheap], area[riverside]",
-                ("Strada is a cheap place.", "Strada by the river is inexpensive.", "Strada, riverside, cheap.",
-                 "A cheap place."))
-    one_complete = Item("name[The Eagle], eatType[pub], area[city centre]",
-                         ("The Eagle is a pub.", "A pub.", "The Eagle is in the centre of town, a pub."))
-    assert complete_refs([full, one_complete]) == [
-        Item(full.mr, ("Strada by the river is inexpensive.", "Strada, riverside, cheap.")),
-        Item(one_complete.mr, ("The Eagle is in the centre of town, a pub.",))]
 
 
 @pytest.mark.slow
@@ -397,13 +321,13 @@ def test_a_run_on_the_training_split_snapshots_each_epoch_and_validates_on_the_d
 
 
 def test_the_student_sampler_decodes_the_adapter_as_it_stands():
-    """On-policy distillation draws the student's answers with the engine on base + LoRA delta: the same
+    """Sequence-level unlikelihood draws the student's answers with the engine on base + LoRA delta: the same
     tokens as an engine on the merged model, before and after the LoRA weights move."""
     import copy
 
     from peft import LoraConfig, get_peft_model
 
-    from skipdecode.training.onpolicy import StudentSampler
+    from skipdecode.training.own_answers import StudentSampler
 
     peft_model = get_peft_model(tiny_model("llama", layers=4),
                                 LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
@@ -422,22 +346,19 @@ def test_the_student_sampler_decodes_the_adapter_as_it_stands():
                 if "lora_B" in name:
                     p.normal_(0.0, scale)
         sampler.refresh(peft_model)
-        sampler.temperature = 0.0  # greedy, to compare token for token
-        drawn = sampler.sample(prompts, schedule, seed=0)
+        drawn = sampler.sample(prompts, schedule)
         assert [ids for _, ids in drawn] == merged_greedy()
         assert [p for p, _ in drawn] == [p for p, _ in prompts]
         seen.append(drawn)
     assert seen[0] != seen[1]  # the second refresh took the moved weights
-    sampler.temperature = 1.0
-    assert sampler.sample(prompts, schedule, seed=3) == sampler.sample(prompts, schedule, seed=3)  # seeded
 
 
-def test_on_policy_batches_are_that_share_spread_evenly():
-    from skipdecode.training.onpolicy import is_on_policy
+def test_the_students_own_batches_are_that_share_spread_evenly():
+    from skipdecode.training.own_answers import is_own_batch
 
-    assert [is_on_policy(s, 0.25) for s in range(8)] == [False, False, False, True] * 2
-    assert sum(is_on_policy(s, 0.5) for s in range(600)) == 300
-    assert not any(is_on_policy(s, 0.0) for s in range(50)) and all(is_on_policy(s, 1.0) for s in range(50))
+    assert [is_own_batch(s, 0.25) for s in range(8)] == [False, False, False, True] * 2
+    assert sum(is_own_batch(s, 0.5) for s in range(600)) == 300
+    assert not any(is_own_batch(s, 0.0) for s in range(50)) and all(is_own_batch(s, 1.0) for s in range(50))
 
 
 @pytest.mark.parametrize("name, expected", [("NVIDIA H200", "an"), ("Tesla T4", "a"), ("AMD Instinct MI300X", "an"),

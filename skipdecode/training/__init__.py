@@ -1,5 +1,5 @@
 """Training, above the runtime and the evaluation: skip-aware LoRA fine-tuning (train), its general-prompt
-targets (targets), on-policy distillation (onpolicy), the teacher outputs' cache (answer_cache) and rank
-cuts of trained adapters (rank_cut). What an adapter needs at decode time is in its record
-(skipdecode.json) and in skipdecode/schedule.py, so that decoding never imports this package
-(tests/test_layers.py)."""
+targets (targets), the student's own answers for sequence-level unlikelihood (own_answers), the teacher
+outputs' cache (answer_cache) and rank cuts of trained adapters (rank_cut). What an adapter needs at decode
+time is in its record (skipdecode.json) and in skipdecode/schedule.py, so that decoding never imports this
+package (tests/test_layers.py)."""

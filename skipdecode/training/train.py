@@ -13,15 +13,9 @@ baseline), so that training only has to learn to do without the skipped layers; 
 --distill A` adds self-distillation: the loss is (1 - A) x cross-entropy on the reference + A x KL from the
 full-depth model with that adapter, whose whole next-token distribution says more per token than one
 reference does (the student copies the full model, which is what a skip decoder should do).
-`--on-policy SHARE` (GKD) draws that share of the batches from the student itself: it decodes the batch's
-prompts at its own speedup (temperature 1, skipdecode/training/onpolicy.py) and learns the teacher's KL on those
-answers alone, so it sees, and is corrected after, its own mistakes; the other batches keep their loss.
-`--on-policy-temperature 0` draws them greedily instead, the decoding whose loops the demo shows, and
-`--teacher-penalty P` scores them against the teacher with CTRL's repetition penalty on what the answer
-already said: the full model finds a loop predictable, the penalized one says what to write instead.
-`--unlikelihood W` adds W x token-level unlikelihood (Welleck et al., 2020) against loops: see unlikelihood_loss.
-`--sequence-unlikelihood SHARE` is their sequence level: that share of the batches are the student's own
-greedy answers, and the loss on them pushes down every token of a 4-gram the answer already said.
+`--sequence-unlikelihood SHARE` (Welleck et al., 2020) against loops: that share of the batches are the
+student's own greedy answers at its speedup (skipdecode/training/own_answers.py), and the loss on them pushes
+down every token of a 4-gram the answer already said; the other batches keep their loss.
 
 E2E data (`--split`): the official training split (trainset.csv), one reference per MR an epoch, with
 the whole devset left to validate and choose on, as the paper and the challenge do; `--snapshot-every N`
@@ -55,7 +49,7 @@ import torch.nn.functional as F
 from ..evaluation.data import SPLIT_SEED, VALIDATION_SHARE, Item
 from ..prompts import encode_prompt
 from ..schedule import DEFAULT_WARMUP, E2E_HORIZON, SPREAD, Schedule, for_speedup
-from .onpolicy import is_on_policy
+from .own_answers import is_own_batch
 from .targets import REPEAT_NGRAM, repeated_ngrams
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -80,12 +74,7 @@ class TrainConfig:
     renamed: float = 0.0  # share of training examples given a made-up name and landmark (validation: all)
     renamed_words: float = 0.0  # share of those names made of words ("Plum and Rook"), not syllables
     sequence_kd: float = 0.0  # share of references replaced by the teacher's greedy output (1: all)
-    on_policy: float = 0.0  # share of batches decoded by the student itself and scored by KL to the teacher
-    on_policy_temperature: float = 1.0  # how the student draws those batches (0: greedy)
-    teacher_penalty: float = 1.0  # on those batches, CTRL's repetition penalty on the teacher's logits (1: off)
-    unlikelihood: float = 0.0  # weight of the token-level unlikelihood loss on the target's earlier tokens
     sequence_unlikelihood: float = 0.0  # share of batches: the student's greedy answers, unlikelihood on their repeats
-    complete_refs: bool = False  # train only on the references that miss the fewest MR values
     rank: int = 8
     alpha: int = 16
     dropout: float = 0.05
@@ -120,7 +109,7 @@ class TrainConfig:
             self.horizon = self.max_answer_tokens if general else E2E_HORIZON
         if self.spread is None:
             self.spread = 1.0 if general else SPREAD
-        if general and (self.distill or self.on_policy) and self.teacher is None:
+        if general and self.distill and self.teacher is None:
             self.teacher = "none"  # the full-depth base model, whose answers are the targets
 
 
@@ -175,9 +164,9 @@ class SkipLM(torch.nn.Module):
         return self.lm_head(h[labels >= 0]).float()
 
     def forward(self, input_ids, lengths, runs, labels, teacher_logits=None, distill: float = 0.0,
-                unlikelihood: float = 0.0, repeats: bool = False):
-        """Cross-entropy on the labels (mixed with the teacher's KL, plus token-level unlikelihood); with
-        `repeats`, the labels are the student's own answers and the loss is sequence-level unlikelihood."""
+                repeats: bool = False):
+        """Cross-entropy on the labels (mixed with the teacher's KL); with `repeats`, the labels are the
+        student's own answers and the loss is sequence-level unlikelihood."""
         log_probs = F.log_softmax(self.logits(input_ids, lengths, runs, labels), -1)
         if repeats:
             return sequence_unlikelihood_loss(log_probs, labels)
@@ -185,47 +174,7 @@ class SkipLM(torch.nn.Module):
         if teacher_logits is not None and distill:
             kl = F.kl_div(log_probs, F.log_softmax(teacher_logits.float(), -1), log_target=True, reduction="batchmean")
             loss = (1 - distill) * loss + distill * kl
-        if unlikelihood:
-            loss = loss + unlikelihood * unlikelihood_loss(log_probs, labels)
         return loss
-
-
-def penalize_repeats(logits, labels, penalty: float):
-    """CTRL's repetition penalty (Keskar et al., 2019; transformers' `repetition_penalty`) on next-token
-    logits at the target positions of `labels` (row after row, as SkipLM.logits gives them): a token the
-    answer already said before a position gets its logit divided by `penalty` there where positive,
-    multiplied where negative. Only the answer's own tokens count, not the prompt's (as unlikelihood_loss).
-    Why: on the student's own greedy answers, the KL to the full model teaches its loops back to it, since the
-    full model finds a loop predictable; the penalized teacher puts that mass on what it would say instead."""
-    if penalty == 1:
-        return logits
-    out = logits.clone()
-    for block, target in _answers(out, labels):  # each block is a view of `out`
-        n = len(target)
-        first = ~(target[:, None] == target[None, :]).tril(-1).any(1)  # target[i] did not occur before i
-        said = torch.zeros(n, logits.shape[-1], dtype=torch.bool, device=logits.device)
-        where = torch.arange(n, device=logits.device)
-        said.scatter_(1, target[first].expand(n, -1), where[:, None] > where[first][None, :])
-        values = block[said]
-        block[said] = torch.where(values > 0, values / penalty, values * penalty)
-    return out
-
-
-def unlikelihood_loss(log_probs, labels):
-    """Token-level unlikelihood (Welleck et al., 2020): at each target position, -log(1 - p(c)) summed over
-    the distinct tokens c that occurred earlier in the same target and are not the one due there; the mean
-    over target positions. Why: teacher forcing rewards a student that predicts by copying what the answer
-    already said, and a student with a third of the layers leans on copying until it loops; the full-depth
-    teacher finds a loop predictable, so its KL does not push back (candidate C). The prompt's tokens are
-    not candidates: an answer rightly reuses the words of its question.
-    `log_probs` holds the target positions of `labels` (>= 0), row after row."""
-    total = log_probs.new_zeros(())
-    for answer, target in _answers(log_probs, labels):
-        same = target[:, None] == target[None, :]
-        first = ~same.tril(-1).any(1)  # target[i] did not occur before i
-        candidate = torch.ones_like(same).tril(-1) & first[None, :] & ~same  # i < j, counted once, not target[j]
-        total = total + (_unlikely(answer[:, target]) * candidate).sum()  # [j, i]: at j, the token due at i
-    return total / len(log_probs)
 
 
 def _answers(log_probs, labels):
@@ -244,9 +193,9 @@ def _unlikely(log_p):
 
 def sequence_unlikelihood_loss(log_probs, labels, n: int = REPEAT_NGRAM):
     """Sequence-level unlikelihood (Welleck et al., 2020) on the student's own answers (the labels):
-    -log(1 - p(token)) at every token of a repeated n-gram, the mean over all answer tokens. Why: the token-
-    level term sees only the full model's answers, which rarely loop; this one sees the student's loops
-    where they happen and makes each of their tokens less likely, which no teacher's KL does."""
+    -log(1 - p(token)) at every token of a repeated n-gram, the mean over all answer tokens. Why: the full
+    model's answers seldom loop; the student's own do, and this makes each token of their loops less likely,
+    which no teacher's KL does (the full model finds a loop predictable)."""
     total = log_probs.new_zeros(())
     for answer, target in _answers(log_probs, labels):
         repeated = torch.tensor(repeated_ngrams(target.tolist(), n), device=log_probs.device)
@@ -294,24 +243,6 @@ def teacher_cache(folder, teacher: str, max_new_tokens: int = TEACHER_TOKENS) ->
     return Path(folder) / f"teacher-outputs-{digest}-{max_new_tokens}tokens.jsonl"
 
 
-def complete_refs(items: list[Item]) -> list[Item]:
-    """Per MR, the references that leave out the fewest of its values (by the slot matcher `eval` scores
-    slot errors with), so every MR stays. Why: a third of the devset's references drop a fact (semantic
-    noise, Dusek et al. 2019), and a student with a third of the layers learns to drop facts too: the 3x
-    adapters' slot errors and short outputs on the test set."""
-    from ..evaluation.evaluate import slot_realized
-
-    def missing(item: Item, ref: str) -> int:
-        return sum(not slot_realized(key, value, ref) for key, value in item.slots.items())
-
-    kept = []
-    for item in items:
-        counts = [missing(item, ref) for ref in item.refs]
-        fewest = min(counts)
-        kept.append(Item(item.mr, tuple(ref for ref, n in zip(item.refs, counts) if n == fewest)))
-    return kept
-
-
 def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
     """(train groups, validation examples) of E2E; an example is (prompt ids, reference ids + end token).
     A group holds the examples an epoch draws one of. On the training split a group is an MR's references:
@@ -322,8 +253,6 @@ def e2e_examples(config: TrainConfig, tokenizer, teacher=None):
 
     items, val_items = training_split(config.data, config.split, config.validation_share, config.seed)
     items = items[: config.limit]
-    if config.complete_refs:
-        items = complete_refs(items)
     # Validation keeps the human references; a run that learned one sentence per MR scores higher on them.
     if config.sequence_kd:
         from ..engine import Engine
@@ -401,34 +330,24 @@ def train(config: TrainConfig) -> dict:
     from ..adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
     from ..models import load_model
 
-    if not 0 <= config.distill <= 1 or not 0 <= config.on_policy <= 1:
-        raise ValueError("--distill takes a weight and --on-policy a share of the batches, both in [0, 1]")
-    if (config.distill > 0 or config.on_policy > 0) != (config.teacher is not None):
-        raise ValueError("--distill and --on-policy need --teacher; --teacher needs --distill or --on-policy")
+    if not 0 <= config.distill <= 1:
+        raise ValueError(f"--distill is a weight, in [0, 1]; got {config.distill}")
+    if (config.distill > 0) != (config.teacher is not None):
+        raise ValueError("--distill needs --teacher; --teacher needs --distill")
     if config.sequence_kd and not config.teacher:
         raise ValueError("--sequence-kd trains on the teacher's outputs: it needs --teacher")
     if not 0 <= config.sequence_kd <= 1:
         raise ValueError(f"--sequence-kd is a share of the references, in [0, 1]; got {config.sequence_kd}")
-    if config.unlikelihood < 0:
-        raise ValueError(f"--unlikelihood is a loss weight, >= 0; got {config.unlikelihood}")
     if not 0 <= config.sequence_unlikelihood <= 1:
         raise ValueError(f"--sequence-unlikelihood is a share of the batches, in [0, 1]; got {config.sequence_unlikelihood}")
-    if config.on_policy_temperature < 0 or config.teacher_penalty < 1:
-        raise ValueError(f"--on-policy-temperature must be >= 0 (0: greedy) and --teacher-penalty >= 1 (1: off); got "
-                         f"{config.on_policy_temperature} and {config.teacher_penalty}")
-    if (config.on_policy_temperature != 1 or config.teacher_penalty != 1) and not config.on_policy:
-        raise ValueError("--on-policy-temperature and --teacher-penalty shape the --on-policy batches: give --on-policy")
-    if config.on_policy and config.sequence_unlikelihood:
-        raise ValueError("--on-policy and --sequence-unlikelihood both give batches to the student's own answers: "
-                         "choose one")
     if not 0 <= config.renamed <= 1:
         raise ValueError(f"--renamed is a share of the training examples, in [0, 1]; got {config.renamed}")
     if not 0 <= config.renamed_words <= 1 or (config.renamed_words and not config.renamed):
         raise ValueError(f"--renamed-words is a share of the --renamed examples, in [0, 1], with --renamed; got "
                          f"{config.renamed_words}")
-    if config.task == "general" and (config.sequence_kd or config.renamed or config.complete_refs):
-        raise ValueError("--sequence-kd, --renamed and --complete-refs are E2E options: general prompts are trained "
-                         "on the full-depth base model's answers already")
+    if config.task == "general" and (config.sequence_kd or config.renamed):
+        raise ValueError("--sequence-kd and --renamed are E2E options: general prompts are trained on the full-depth "
+                         "base model's answers already")
     if config.cut_loops and (config.task != "general" or config.cut_loops < 2):
         raise ValueError(f"--cut-loops N is a general-task option, N >= 2 tokens; got {config.cut_loops}")
     # Bad options are refused above, before the Accelerator claims the process's precision state.
@@ -464,13 +383,12 @@ def train(config: TrainConfig) -> dict:
             config.teacher = adapter_ref(source)
             full = merge_adapter(base.model, source, base.name)
         teacher = SkipLM(full).eval().requires_grad_(False).to(accelerator.device)
-    sampler, own_share = None, config.on_policy or config.sequence_unlikelihood
-    if own_share:  # on-policy KL samples at its temperature; sequence-level unlikelihood looks at greedy loops
-        from .onpolicy import StudentSampler
+    sampler = None
+    if config.sequence_unlikelihood:  # the student's greedy answers, where its loops are
+        from .own_answers import StudentSampler
 
         sampler = StudentSampler(load_model(config.model, device="cpu", dtype="float32").model.to(accelerator.device),
-                                 tokenizer, config.max_answer_tokens,
-                                 config.on_policy_temperature if config.on_policy else 0.0)
+                                 tokenizer, config.max_answer_tokens)
 
     if config.task == "general":  # targets: the full-depth base model's answers, cached beside the checkpoints
         from .targets import training_examples
@@ -506,19 +424,17 @@ def train(config: TrainConfig) -> dict:
         picker.choice(schedules)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def run_batch(examples, schedule, distill: float = 0.0, unlikelihood: float = 0.0, repeats: bool = False,
-                  penalty: float = 1.0):
+    def run_batch(examples, schedule, distill: float = 0.0, repeats: bool = False):
         input_ids, lengths, labels, prompt_lens, fed_back = collate(examples, pad)
         runs = layer_plan(schedule, prompt_lens, fed_back, input_ids.shape[1])
         batch = [t.to(accelerator.device) for t in (input_ids, lengths, runs, labels)]
         with accelerator.autocast():
             if not (distill and teacher is not None):
-                return model(*batch, unlikelihood=unlikelihood, repeats=repeats)
+                return model(*batch, repeats=repeats)
             with torch.no_grad():
                 full = layer_plan(Schedule.full(L), prompt_lens, fed_back, input_ids.shape[1])
-                teacher_logits = penalize_repeats(teacher.logits(batch[0], batch[1], full.to(accelerator.device),
-                                                                 batch[3]), batch[3], penalty)
-            return model(*batch, teacher_logits=teacher_logits, distill=distill, unlikelihood=unlikelihood)
+                teacher_logits = teacher.logits(batch[0], batch[1], full.to(accelerator.device), batch[3])
+            return model(*batch, teacher_logits=teacher_logits, distill=distill)
 
     def validation_loss():
         model.eval()
@@ -551,16 +467,12 @@ def train(config: TrainConfig) -> dict:
             examples, schedule = next(stream), picker.choice(schedules)
             if micro % accelerator.num_processes != accelerator.process_index:
                 continue
-            own = sampler is not None and is_on_policy(step, own_share)
-            if own:  # the student's own answers: the teacher's KL alone, or unlikelihood on their repeats
+            own = sampler is not None and is_own_batch(step, config.sequence_unlikelihood)
+            if own:  # the student's own answers: unlikelihood on their repeats
                 sampler.refresh(accelerator.unwrap_model(model).model)
-                examples = sampler.sample(examples, schedule, seed=config.seed + step)
+                examples = sampler.sample(examples, schedule)
             with accelerator.accumulate(model):
-                if own and config.sequence_unlikelihood:
-                    loss = run_batch(examples, schedule, repeats=True)
-                else:
-                    loss = run_batch(examples, schedule, 1.0 if own else config.distill, config.unlikelihood,
-                                     penalty=config.teacher_penalty if own else 1.0)
+                loss = run_batch(examples, schedule, 0.0 if own else config.distill, repeats=own)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -568,7 +480,7 @@ def train(config: TrainConfig) -> dict:
         step += 1
         record = {"step": step, "loss": round(loss.item(), 4), "lr": scheduler.get_last_lr()[0],
                   "layers": round(schedule.average_budget(), 2),
-                  **({"sequence_unlikelihood" if config.sequence_unlikelihood else "on_policy": True} if own else {})}
+                  **({"sequence_unlikelihood": True} if own else {})}
         if step % config.eval_every == 0 or step == config.steps:
             record["val_loss"] = round(validation_loss(), 4)
         history.append(record)
@@ -665,14 +577,8 @@ def write_card(folder: Path) -> None:
     aids = "".join([f" Started from the adapter `{c['init']}`." if c.get("init") else "",
                     f" Loss: {1 - c['distill']:g} x cross-entropy on the target + {c['distill']:g} x KL from"
                     f" {_teacher_words(c['teacher'])} (self-distillation)." if c.get("distill") else "",
-                    f" {c['on_policy']:.0%} of the batches are the student's own answers"
-                    f" ({_drawn(c.get('on_policy_temperature', 1.0))}, at its speedup), scored by the KL from"
-                    f" {_teacher_words(c['teacher'])} alone (on-policy distillation)"
-                    f"{_penalized(c.get('teacher_penalty', 1.0))}." if c.get("on_policy") else "",
                     f" Each training target is cut before the first run of {c['cut_loops']} tokens it already"
                     f" said: the base model's greedy answers often end in a loop." if c.get("cut_loops") else "",
-                    f" Plus {c['unlikelihood']:g} x token-level unlikelihood on the tokens the target already"
-                    f" used (Welleck et al., 2020), against loops." if c.get("unlikelihood") else "",
                     f" {c['sequence_unlikelihood']:.0%} of the batches are the student's own greedy answers at its"
                     f" speedup, whose repeated 4-grams are made less likely (sequence-level unlikelihood)."
                     if c.get("sequence_unlikelihood") else "",
@@ -682,9 +588,7 @@ def write_card(folder: Path) -> None:
                     " Targets: the teacher's greedy outputs, not the references (sequence-level"
                     " distillation)." if c.get("sequence_kd") == 1 else
                     f" Targets: {c['sequence_kd']:.0%} of the references replaced by the teacher's greedy"
-                    f" output (sequence-level distillation)." if c.get("sequence_kd") else "",
-                    " Trained only on the references of each MR that leave out the fewest of its values."
-                    if c.get("complete_refs") else ""])
+                    f" output (sequence-level distillation)." if c.get("sequence_kd") else ""])
     spread = c.get("spread", SPREAD)
     shape = ("the same at every position (spread 1)" if spread == 1 else
              f"from {spread:g} x the average down to its minimum at position {c['horizon']}, {c['decay']} decay")
@@ -727,15 +631,6 @@ def _cut_from(meta: dict) -> str:
     cut = meta.get("rank_cut")
     return (f" (cut from rank {cut['from_rank']} by an SVD of each layer's update, keeping"
             f" {cut['energy_kept_mean']:.1%} of its energy on average)" if cut else "")
-
-
-def _drawn(temperature: float) -> str:
-    return "greedy" if temperature == 0 else f"temperature {temperature:g}"
-
-
-def _penalized(penalty: float) -> str:
-    return "" if penalty == 1 else (f", its logits given CTRL's repetition penalty {penalty:g} on the tokens the"
-                                    " answer already said")
 
 
 def _card_data(meta: dict, instruction: str) -> tuple[str, str, str]:
@@ -794,19 +689,6 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint-dir", default=defaults.checkpoint_dir)
     p.add_argument("--sequence-kd", type=float, nargs="?", const=1.0, default=0.0, metavar="SHARE",
                    help="train on the --teacher's greedy outputs instead of the references (a SHARE of them)")
-    p.add_argument("--on-policy", type=float, default=0.0, metavar="SHARE",
-                   help="that share of the batches: the student decodes the prompts itself (temperature 1) and "
-                        "learns the --teacher's KL on its own answers (on-policy distillation; general: the base "
-                        "model is the default teacher)")
-    p.add_argument("--on-policy-temperature", type=float, default=defaults.on_policy_temperature, metavar="T",
-                   help="the temperature the --on-policy batches are drawn at (0: greedy, the demo's decoding)")
-    p.add_argument("--teacher-penalty", type=float, default=defaults.teacher_penalty, metavar="P",
-                   help="on the --on-policy batches, the teacher's logits get CTRL's repetition penalty P on the "
-                        "tokens the answer already said (1: off), so its KL stops teaching the student's loops")
-    p.add_argument("--unlikelihood", type=float, default=0.0, metavar="W",
-                   help="add W x token-level unlikelihood (Welleck et al. 2020): probability on the tokens the target "
-                        "already used, other than the one due, is pushed down, against loops (validation loss "
-                        "leaves it out)")
     p.add_argument("--sequence-unlikelihood", type=float, default=0.0, metavar="SHARE",
                    help="that share of the batches: the student decodes the prompts greedily at its speedup and every "
                         "token of a 4-gram its answer already said is made less likely (Welleck et al. 2020)")
@@ -814,8 +696,6 @@ def register(subparsers) -> None:
                    help="--task general: cut each training target before the first run of N tokens that already "
                         "occurred in it (the base model's greedy answers often end in a loop); validation targets "
                         "stay whole")
-    p.add_argument("--complete-refs", action="store_true",
-                   help="train only on each MR's references that leave out the fewest of its values")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of this --out")
     p.set_defaults(func=_cmd_train)
 

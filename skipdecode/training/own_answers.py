@@ -1,8 +1,8 @@
-"""On-policy distillation (GKD, Agarwal et al. 2024): the student decodes its own answers on the layer
-plan it is trained for, and learns the full-depth model's next-token distribution on them.
+"""The student's own answers, for sequence-level unlikelihood: the student decodes a batch's prompts
+greedily on the layer plan it is trained for, with the engine, on the adapter as it stands.
 
-Why: teacher forcing only ever shows the student the full model's answers, so it never learns what to do
-after its own first repeat; the round-1 general adapter, trained that way, looped (docs/research/general-adapters.md).
+Why: teacher forcing only ever shows the student the full model's answers, so it never sees its own loops;
+the round-1 general adapter, trained that way, looped (docs/research/general-adapters.md).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from ..engine import Engine
-from ..sampling import Sampling
 from ..schedule import Schedule
 
 
@@ -37,9 +36,9 @@ class StudentSampler:
     every refresh builds a new one (a few hundred milliseconds for SmolLM2-135M, against a draw of 160
     tokens)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int, temperature: float = 1.0):
+    def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int):
         self.model, self.tokenizer = model.eval().requires_grad_(False), tokenizer
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.max_new_tokens = max_new_tokens
         self.engine: Engine | None = None
 
     def refresh(self, peft_model) -> None:
@@ -48,18 +47,17 @@ class StudentSampler:
             self.model.get_submodule(name).weight.data = weight
         self.engine = Engine(self.model, self.tokenizer)
 
-    def sample(self, examples, schedule: Schedule, seed: int):
-        """The examples' prompts with the student's own answers as targets, drawn at `temperature`
-        (its end token included where it ended)."""
+    def sample(self, examples, schedule: Schedule):
+        """The examples' prompts with the student's own greedy answers as targets (its end token included
+        where it ended): the decoding whose loops the demo shows."""
         if self.engine is None:
             raise RuntimeError("refresh the sampler from the student before sampling")
         prompts = [prompt for prompt, _ in examples]
-        result = self.engine.generate(prompts, schedule, self.max_new_tokens,
-                                      Sampling(temperature=self.temperature, seed=seed))
+        result = self.engine.generate(prompts, schedule, self.max_new_tokens)
         return [(prompt, ids) for prompt, ids in zip(prompts, result.token_ids)]
 
 
-def is_on_policy(step: int, share: float) -> bool:
+def is_own_batch(step: int, share: float) -> bool:
     """Whether batch `step` (from 0) is drawn by the student: exactly `share` of the batches, spread
     evenly and the same on a resumed run."""
     return int((step + 1) * share) > int(step * share)

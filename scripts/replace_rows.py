@@ -1,6 +1,7 @@
+# Who: a maintainer, when a served adapter changed and some rows of a results table in assets/results must follow it.
 """Put some rows of a newer eval run into a results table, in place of the table's rows with those labels.
 
-    python experiments/replace_rows.py assets/results/e2e-beams4 /tmp/beams5/e2e-beams4 --rows "SkipDecode 5x"
+    python scripts/replace_rows.py assets/results/e2e-beams4 /tmp/beams5/e2e-beams4 --rows "SkipDecode 5x"
 
 Why: a served adapter changed and one row of a long table (the beam-4 test table: about an hour here) must
 follow it, without decoding the rows that did not change. The new run must hold every row it shares with the

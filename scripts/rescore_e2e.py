@@ -1,6 +1,7 @@
+# Who: a maintainer, when the E2E metrics gain or change a column and the tables in assets/results must follow.
 """Score an E2E eval's saved outputs again with today's `score()`, without decoding anything.
 
-    python experiments/rescore_e2e.py assets/results/e2e [--split test] [--made-up-names [words]]
+    python scripts/rescore_e2e.py assets/results/e2e [--split test] [--made-up-names [words]]
 
 Reads <prefix>-outputs.jsonl (what `skipdecode eval` wrote: the MR and each row's output) and rewrites
 the text-metric columns of <prefix>.csv and .json (BLEU, the challenge's uncased BLEU `bleu_e2e`,
