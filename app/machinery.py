@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import html
 
+from skipdecode.slots import serves
+
 from .studio import public_name
 
 
@@ -62,7 +64,18 @@ def sentences(engine) -> list[str]:
     products, _ = _products(engine)
     step, _ = _step(engine)
     return [f"The model is {public_name(engine.name)}, {engine.num_layers} layers, {where}.", products, step,
-            "Requests that arrive together share one batch: at each position every row runs the same layers.",
+            *batching(engine)]
+
+
+def batching(engine) -> list[str]:
+    """How requests share the machine and how each side is timed (skipdecode/batcher.py decides; slots.serves
+    says which way)."""
+    if serves(engine):
+        return ["Every visitor's answers join one running batch at once: each row at its own position and budget, "
+                "with its own model's adapter, shares every step with the others.",
+                "The two answers are decoded in the same steps, and each is timed by the layers it ran there (plus "
+                "the step's shared work), so both see the same machine load."]
+    return ["Requests that arrive together share one batch: at each position every row runs the same layers.",
             "The two answers are decoded in turns, one token of each, and every step is timed on its own, so both "
             "see the same machine load."]
 

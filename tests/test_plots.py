@@ -424,7 +424,9 @@ def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect
     engine.step_label = "eager step: compiling failed: RuntimeError: no"
     assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs layer by layer in "
                                           "PyTorch instead."]
-    decoder.fused = object()  # every layer in one C call (skipdecode/layer.c)
-    assert "one call to the C library" in " ".join(machinery.sentences(engine))
+    assert "at each position every row runs the same layers" in words  # batches of one position
+    decoder.fused = object()  # every layer in one C call (skipdecode/layer.c), rows at their own positions
+    words = " ".join(machinery.sentences(engine))
+    assert "one call to the C library" in words and "each row at its own position and budget" in words
     assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs a token's layers in one "
                                           "call to the C library, each layer's whole work in C instead."]
