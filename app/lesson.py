@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import html
 import logging
+import time
 from pathlib import Path
 
 import gradio as gr
 
 from . import plots, replay, teach, timing, verified, views
+from .callbacks import DRAWN, for_the_user, refused, settings_from, user_errors
 from .callbacks import drawn as drawn_view
-from .callbacks import for_the_user, settings_from, user_errors
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
@@ -31,9 +32,11 @@ class Lesson:
 
     # ---- after a comparison -----------------------------------------------------------------
     def after_compare(self, comparison, *settings):
-        """The record of the comparison that just finished and what it opens (`opened`); nothing if it did
-        not finish (stopped, or an error already shown)."""
-        if comparison is None or comparison.divergence is None:
+        """The record of the comparison that just finished (or that Stop ended) and what it opens (`opened`);
+        nothing new where the run refused its input or drew nothing to open."""
+        if comparison is None:  # no comparison this time (bad input): the last one stays open
+            return (gr.skip(),) * len(OPENED)
+        if comparison.divergence is None:  # stopped before both sides had a token: nothing to open
             return (None,) + (gr.skip(),) * (len(OPENED) - 1)
         with user_errors():
             tokenizer = self.studio.engine(comparison.model).tokenizer
@@ -151,7 +154,8 @@ class Lesson:
         hardware = record["hardware"]
         line = (f'<span class="sd-replayed">Replayed</span><span class="sd-detail">from an export made '
                 f"{views.safe(record['exported'])} on {views.safe(hardware['cpu'])}; no model ran.</span>")
-        out = drawn_view(comparison, record["skipdecode"]["pieces"], record["full"]["pieces"], replayed=line)
+        out = drawn_view(comparison, record["skipdecode"]["pieces"], record["full"]["pieces"], banner=line,
+                          reveal=f"replay-{time.time():.3f}")
         status = (f"**Replayed** from an export made {views.safe(record['exported'])} on {views.safe(hardware['cpu'])} "
                   f"({views.safe(hardware['device'])}, {views.safe(hardware['dtype'])}); no model ran. "
                   f"Prompt: “{views.safe(record['prompt'])}”. "
@@ -187,9 +191,7 @@ class Lesson:
         return self.slide(record, index, int(getattr(evt, "step", 0) or 0))
 
 
-# The layout's output lists, by name: what a comparison draws (callbacks.drawn) and what a finished one opens.
-DRAWN = ("results", "headline", "skip_title", "skip_out", "full_out", "legend", "status", "last", "charts", "metrics",
-         "quality", "budget_plot", "layer_plot", "latency_plot")
+# The layout's output lists, by name: what a comparison draws (callbacks.DRAWN) and what a finished one opens.
 OPENED = ("record", "skip_out", "part_note", "teach_box", "position", "lens_view", "lens_plot", "previous_layer",
           "next_layer", "play", "all_layers", "divergence_plot", "kv_button", "present", "previous_slide",
           "next_slide", "slide_index")
@@ -219,8 +221,3 @@ def opened(record: dict) -> tuple:
              gr.Plot(visible=False)) + steppable(False)
             + (gr.Plot(teach.divergence_figure(record), visible=not record.get("verified")), usable, usable, usable,
                usable, 0))
-
-
-def refused(message: str) -> str:
-    """A replayed file's refusal, beside the file box (`message` is escaped already: for_the_user)."""
-    return f'<div class="sd-refused" role="alert">{message}</div>'
