@@ -9,6 +9,8 @@
 - The charts' toolbars stay for the mouse and leave the Tab order.
 """
 
+import json
+
 CSS = """
 button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-visible, a:focus-visible,
 [tabindex]:focus-visible, label:has(input[type=radio]:focus-visible), label:has(input[type=checkbox]:focus-visible),
@@ -17,8 +19,13 @@ input[type=range]:focus-visible { outline: 3px solid #f59e0b !important; outline
 #sd-results:focus, #sd-results:focus-visible { outline: none !important; }
 """
 
+# Gradio scopes the app's CSS to the app's own container; what holds that container is styled from here.
+# A phone-wide window: the page's frame shrinks to the window, so nothing scrolls sideways.
+PAGE_CSS = "@media (max-width: 600px) { .gradio-container .main { min-width: 0 !important; max-width: 100vw !important; } }"
+
 # Gradio's `js` on launch: runs once when the page loads.
 JS = """() => {
+  const style = document.createElement('style'); style.textContent = PAGE_CSS; document.head.appendChild(style);
   const settle = () => {
     document.querySelectorAll('.modebar-btn:not([tabindex="-1"])').forEach((b) => b.setAttribute('tabindex', '-1'));
     document.querySelectorAll('input[type=radio]').forEach((radio) => {
@@ -57,7 +64,7 @@ JS = """() => {
     if (box.top < 0 || box.bottom > window.innerHeight) element.scrollIntoView({block: block || 'start'});
     return true;
   };
-}"""
+}""".replace("PAGE_CSS", json.dumps(PAGE_CSS))
 
 # The headline's own script (gr.HTML's js_on_load): each run or replay marks its headline with an id of its own
 # (`data-reveal`); the first time the page sees an id, it brings the headline and both answers into view and moves

@@ -68,6 +68,13 @@ CSS = """
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
 #sd-status { font-size: .9rem; }
+@media (max-width: 600px) {  /* a phone: columns stack at the window's width, never wider */
+  .row { flex-direction: column !important; }
+  .column { min-width: 0 !important; width: 100% !important; }
+  .tabs, .tab-wrapper { min-width: 0 !important; }
+  .tab-container { flex-wrap: wrap; min-width: 0 !important; }
+  .sd-cards { grid-template-columns: repeat(2, minmax(0, 1fr)); }
+}
 #sd-lens-controls { position: sticky; top: 0; z-index: 25; background: var(--block-background-fill, #fff); }
 """ + teach.CSS + keys.CSS
 JS = keys.JS
