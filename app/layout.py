@@ -37,7 +37,8 @@ CSS = """
 .sd-broken .sd-verdict { color: #b91c1c; }
 .sd-replayed { display: inline-block; background: #e0f2fe; color: #075985; border-radius: 999px; padding: 0 .5rem;
   font-size: .78rem; font-weight: 600; margin-right: .4rem; vertical-align: middle; }
-.sd-side-title { font-weight: 600; font-size: .95rem; margin: 0 0 .35rem 0; display: flex; align-items: center; gap: .45rem; }
+.sd-side-title { font-weight: 600; font-size: .95rem; margin: 0 0 .35rem 0; display: flex; align-items: baseline; gap: .45rem;
+  min-height: 2.6em; }  /* two lines: a title that wraps leaves the other side's box where it was */
 .sd-side-model { font-weight: 500; color: #64748b; font-size: .85rem; }
 .sd-side-model::before { content: "·"; margin: 0 .4rem 0 .1rem; }
 .sd-dot { width: .7rem; height: .7rem; border-radius: 50%; display: inline-block; }
@@ -188,7 +189,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             headline = gr.HTML(elem_id="sd-headline", js_on_load=keys.REVEAL_JS)
                         with gr.Column(scale=1, min_width=150):
                             present = gr.Button("Present ▶", elem_id="sd-present", interactive=False)
-                    with gr.Row(equal_height=True):
+                    with gr.Row(equal_height=False, elem_id="sd-answers"):  # both boxes start at one height
                         with gr.Column():
                             skip_title = gr.HTML(elem_id="sd-skip-title")
                             skip_out = gr.HTML(elem_id="sd-skip-output", js_on_load=teach.CLICK_JS)
@@ -199,7 +200,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     part_note = gr.Markdown(elem_id="sd-part-note")
                     with gr.Column(visible=False, elem_id="sd-teach") as teach_box:
                         with gr.Row(equal_height=True, elem_id="sd-lens-controls"):  # sticky: beside the tables
-                            position = gr.Slider(0, 1, value=0, step=1, label="Token of the answer, layer by layer",
+                            position = gr.Slider(1, 2, value=1, step=1, label="Token of the answer, layer by layer",
                                                  interactive=False, elem_id="sd-position", scale=3)
                             previous_layer = gr.Button("◀ layer", elem_id="sd-previous-layer", scale=0, min_width=90,
                                                        interactive=False)

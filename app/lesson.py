@@ -45,20 +45,21 @@ class Lesson:
         return opened(record)
 
     # ---- one position, layer by layer ---------------------------------------------------------
-    def pick(self, position, record, comparison):
-        """The layer view of `position`; the lens of every position is computed on the first pick."""
+    def pick(self, number, record, comparison):
+        """The layer view of token `number` (counted from 1, as the slider shows it); the lens of every position
+        is computed on the first pick."""
         if record is None:  # guidance, not an error: nothing to pick from yet
             return (gr.skip(),) * 3 + (teach.guide("run"),) + (gr.skip(),) * 7
         with user_errors():
-            position = int(position)
+            position = int(number) - 1
             if not 0 <= position < len(record["divergence"]["tokens"]):
-                raise ValueError(f"pick a token between 0 and {len(record['divergence']['tokens']) - 1}")
+                raise ValueError(f"pick a token between 1 and {len(record['divergence']['tokens'])}")
             if not record.get("lens"):
                 if comparison is None:
                     raise ValueError("this comparison has no layer view saved, and no model ran it here")
                 lenses = self.studio.lenses(comparison)
                 replay.add_lenses(record, lenses, self.studio.engine(comparison.model).tokenizer)
-        return (record, teach.marked_html(record, position), gr.Slider(value=position),
+        return (record, teach.marked_html(record, position), gr.Slider(value=position + 1),
                 teach.lens_html(record, position), gr.Plot(teach.lens_figure(record, position), visible=True), None,
                 gr.Timer(active=False)) + steppable(True)
 
@@ -68,16 +69,16 @@ class Lesson:
         position = getattr(evt, "position", None)
         if position is None:  # a click beside the tokens
             return (gr.skip(),) * 11
-        return self.pick(position, record, comparison)
+        return self.pick(int(position) + 1, record, comparison)  # the element's positions count from 0
 
     @staticmethod
-    def _step(record, position, shown, going=None):
+    def _step(record, number, shown, going=None):
         """The layer view and its figure with `shown` layers revealed from the bottom (None: all), `shown`, the
         player's state and the Play button's label (Pause while it plays); a layer button pressed before a
         pick gets guidance in the layer view instead."""
         if not record or not record.get("lens"):
             return teach.guide("pick" if record else "run"), gr.skip(), None, gr.Timer(active=False), gr.skip()
-        position = int(position)
+        position = int(number) - 1  # the slider's token, counted from 1
         return (teach.lens_html(record, position, shown), teach.lens_figure(record, position, shown), shown,
                 *((gr.skip(), gr.skip()) if going is None else (gr.Timer(active=going), play_button(going))))
 
@@ -217,7 +218,7 @@ def opened(record: dict) -> tuple:
     position = teach.default_position(record)
     usable = gr.Button(interactive=True)
     return ((record, teach.marked_html(record), teach.summary_markdown(record), gr.Column(visible=True),
-             gr.Slider(0, max(n - 1, 1), value=position, step=1, interactive=n > 1), teach.guide("pick"),
+             gr.Slider(1, max(n, 2), value=position + 1, step=1, interactive=n > 1), teach.guide("pick"),
              gr.Plot(visible=False)) + steppable(False)
             + (gr.Plot(teach.divergence_figure(record), visible=not record.get("verified")), usable, usable, usable,
                usable, 0))

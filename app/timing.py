@@ -23,10 +23,10 @@ FASTER, SLOWER, CLOSE, SHORT = "faster", "slower", "close", "short"
 
 
 def token_frame(trace) -> pd.DataFrame:
-    """One row per output token: `token` (0 = the prefill's), `ms` (what choosing it took; the prefill for
-    token 0) and `cumulative_ms` (the time to that token, prefill included)."""
+    """One row per output token, counted from 1 as people count: `token` (1 = the prefill's), `ms` (what choosing
+    it took; the prefill for token 1) and `cumulative_ms` (the time to that token, prefill included)."""
     ms = [float(trace.prefill_ms)] + [float(step.ms) for step in trace.steps]
-    frame = pd.DataFrame({"token": range(len(ms)), "ms": ms})
+    frame = pd.DataFrame({"token": range(1, len(ms) + 1), "ms": ms})
     frame["cumulative_ms"] = frame["ms"].cumsum()
     return frame
 

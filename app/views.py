@@ -96,7 +96,7 @@ def tokens_html(pieces: list[str], layers: list[int], num_layers: int, streaming
     for index, (piece, n) in enumerate(zip(pieces, layers)):
         shown = html.escape(piece) or "&#8203;"  # newlines show as such: the output box keeps white space
         spans.append(f'<span class="sd-token" style="background:{_shade(n, num_layers)}" '
-                     f'title="token {index}: chosen after {n} of {num_layers} layers">{shown}</span>')
+                     f'title="token {index + 1}: chosen after {n} of {num_layers} layers">{shown}</span>')
     cursor = '<span class="sd-cursor"></span>' if streaming else ""
     return f'<div class="sd-output">{"".join(spans)}{cursor}</div>'
 
@@ -121,7 +121,7 @@ def full_title_html(comparison: Comparison | None = None) -> str:
 def side_title(text: str, color: str, model: str = "") -> str:
     named = f'<span class="sd-side-model">{html.escape(model_name(model))}</span>' if model else ""
     return (f'<div class="sd-side-title"><span class="sd-dot" style="background:{color}"></span>'
-            f"{html.escape(text)}{named}</div>")
+            f"<span>{html.escape(text)}{named}</span></div>")
 
 
 def legend_html(num_layers: int) -> str:
@@ -153,9 +153,9 @@ def progress_label(comparison: Comparison) -> str:
 def stopped_banner(comparison: Comparison) -> str:
     """The line a stopped comparison puts above its headline."""
     counts = [len(side.token_ids) if side else 0 for side in (comparison.skip, comparison.full)]
-    return (f'<span class="sd-replayed sd-stopped-badge">Stopped</span><span class="sd-detail">by Stop, '
-            f"SkipDecode at {tokens(counts[0])} and full decoding at {counts[1]} of {comparison.max_new_tokens}: both "
-            "answers as far as they got, the figures over the tokens both reached.</span>")
+    return (f'<span class="sd-replayed sd-stopped-badge">Stopped</span><span class="sd-detail">SkipDecode at '
+            f"{tokens(counts[0])} and full decoding at {counts[1]} of {comparison.max_new_tokens}: both answers as far "
+            "as they got, the figures over the tokens both reached.</span>")
 
 
 def ended_html(message: str) -> str:
@@ -206,7 +206,7 @@ def times_card(t: timing.Timing | None, name: str) -> str:
     if t is None or not t.tokens:
         return card("time", "–", "")
     return card("time", f"{t.skip_ms / 1000:.2f} <small>vs</small> {t.full_ms / 1000:.2f} s",
-                 f"{name} vs full decoding to token {t.tokens - 1}; prefill {t.skip_prefill_ms:.0f} vs "
+                 f"{name} vs full decoding to token {t.tokens}; prefill {t.skip_prefill_ms:.0f} vs "
                  f"{t.full_prefill_ms:.0f} ms")
 
 
@@ -218,10 +218,10 @@ def same_answer(comparison: Comparison) -> str:
     if skip == full:
         return "The same answer as full decoding, token for token."
     n = common_prefix(skip, full)
+    same = "the first token is the same" if n == 1 else f"the first {n} tokens are the same"
     if n == min(len(skip), len(full)):
-        return f"One answer stops sooner; their first {n} tokens are the same."
-    return (f"The answers part at token {n}: the first {n} tokens are the same." if n else
-            "The answers differ from the first token.")
+        return f"One answer stops sooner; {same}."
+    return f"The answers part at token {n + 1}: {same}." if n else "The answers differ from the first token."
 
 
 def headline_html(comparison: Comparison | None, running: bool) -> str:

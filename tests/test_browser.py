@@ -365,8 +365,8 @@ def test_stop_mid_run_says_stopped_keeps_both_answers_and_opens_present(page):
             assert page.locator(f"{side} .sd-token").count() > 0 and page.locator(f"{side} .sd-cursor").count() == 0
         assert in_view(page, "#sd-headline .sd-verdict") and page.locator("#sd-present").is_enabled()
         assert page.locator("#sd-run").inner_text() == "Run" and page.locator("#sd-stop").is_disabled()
-        assert details(page).startswith("Stopped.")
         screenshot(page.locator("body"), "stopped-1280x720.png", full=False)
+        assert details(page).startswith("Stopped.")
     finally:
         set_tokens(page, 24)
         page.set_viewport_size({"width": 1440, "height": 900})
@@ -383,7 +383,8 @@ def test_bad_input_after_a_run_is_one_message_beside_the_prompt_with_no_error_ba
             page.locator("#sd-prompt textarea").focus()
             page.click("#sd-run")
             page.locator("#sd-prompt-note").get_by_text(message).wait_for(timeout=120_000)
-            assert in_view(page, "#sd-prompt-note") and in_view(page, "#sd-prompt textarea")
+            box = page.locator("#sd-prompt textarea").bounding_box()  # a long prompt's box may be taller than the window
+            assert in_view(page, "#sd-prompt-note") and box["y"] + box["height"] > 0 and box["y"] < 720
             assert errors_shown(page) == [] and page.locator("#sd-headline").inner_text() == before
             assert page.locator("#sd-run").inner_text() == "Run"
         screenshot(page.locator("body"), "refused-after-a-run-1280x720.png", full=False)

@@ -66,7 +66,7 @@ def test_latency_figure_counts_both_prefills_alike_and_agrees_with_the_cards():
     expected = [10 * 4 / 6, 10 * 3 / 6, 10 * 2 / 6, 10 * 2 / 6]
     assert per_token["SkipDecode"] == pytest.approx(expected, abs=1e-3)  # the trace keeps ms to 4 decimals
     cumulative = {t.name: list(t.y) for t in fig.data if t.xaxis == "x2"}
-    assert cumulative["full decoding"] == [5.0, 15.0, 25.0, 35.0, 45.0]  # token 0 is the prefill's 5 ms
+    assert cumulative["full decoding"] == [5.0, 15.0, 25.0, 35.0, 45.0]  # token 1 is the prefill's 5 ms
     # the headline's ratio is the ratio of the two curves' ends: both count their prefill once
     assert t.full_ms == cumulative["full decoding"][-1] and t.skip_ms == pytest.approx(cumulative["SkipDecode"][-1])
     assert t.end_to_end == pytest.approx(45.0 / (5 + sum(expected)), abs=1e-3)
