@@ -184,6 +184,8 @@ class Lesson:
                       plots.empty_figure("Pick a token on the Compare tab first: the layer view is computed then"))
         elif name == "acceptance":
             why = verified.explain(record["verification"], timing.of(comparison))
+        elif name == "answers":  # the verdict, as the headline gives it: a broken answer said first
+            why = views.headline_html(comparison, running=False)
         if figure is not None:
             figure.update_layout(font=dict(size=18), height=teach.SLIDE_HEIGHT)
         return teach.slide_html(record, index, why), gr.Plot(figure, visible=figure is not None), index

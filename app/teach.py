@@ -14,7 +14,7 @@ import html
 import plotly.graph_objects as go
 
 from . import plots, verified
-from .views import _shade, safe
+from .views import _shade, model_name, safe
 
 # Clicking a token of the SkipDecode answer picks its position for the layer view; the element itself
 # (gr.HTML's js_on_load) passes the position with the click. From the keyboard (a presentation clicker): the
@@ -115,6 +115,8 @@ CSS = """
 .sd-present { font-size: 1.6rem; line-height: 1.6; }
 #sd-present-tab { min-height: 100vh; }
 .sd-present h2 { font-size: 2.1rem; margin: .2rem 0 .6rem 0; }
+.sd-present .sd-headline { margin: 0 0 .6rem 0; line-height: 1.35; }  /* slide 1's verdict, above the answers */
+.sd-present .sd-verdict { font-size: 1.7rem; }
 .sd-present .sd-big { font-size: 4rem; font-weight: 700; color: #059669; line-height: 1.1; }
 .sd-present .sd-slide-grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1.2rem; }
 .sd-present .sd-output { font-size: 1.5rem; max-height: none; line-height: 1.7; }
@@ -351,8 +353,9 @@ def slides(record: dict | None) -> tuple[str, ...]:
 
 
 def slide_html(record: dict | None, index: int, why: str = "") -> str:
-    """Large type: the title of slide `index` and, for the first two, the two answers (`why`: for a verified
-    comparison's acceptance slide, the line saying why it was faster, slower or too close to call)."""
+    """Large type: the title of slide `index` and, for the first two, the two answers (`why`: on the first, the
+    verdict, HTML; for a verified comparison's acceptance slide, the line saying why it was faster, slower or too
+    close to call)."""
     if record is None:
         return '<div class="sd-present"><h2>Run or replay a comparison first.</h2></div>'
     names = slides(record)
@@ -368,10 +371,10 @@ def slide_html(record: dict | None, index: int, why: str = "") -> str:
     body = ""
     if name == "answers":
         first = verified.record_html(record) if verified_run else _plain(record["skipdecode"], L)
-        sides = [(f"{'Verified' if verified_run else 'SkipDecode'} ({record['model']})", first),
-                 (f"Full decoding ({record['full_model']})", _plain(record["full"], L))]
+        sides = [(f"{'Verified' if verified_run else 'SkipDecode'}: {model_name(record['model'])}", first),
+                 (f"Full decoding: {model_name(record['full_model'])}", _plain(record["full"], L))]
         body = "".join(f"<div><b>{html.escape(t)}</b>{o}</div>" for t, o in sides)
-        body = f'<div class="sd-slide-grid">{body}</div>' + (verified.legend_html() if verified_run else "")
+        body = why + f'<div class="sd-slide-grid">{body}</div>' + (verified.legend_html() if verified_run else "")
     elif name == "marks":
         body = marked_html(record) + f'<div class="sd-slide-note">{summary_text(record)}</div>'
     elif name == "acceptance":

@@ -299,18 +299,32 @@ def quality_html(comparison: Comparison | None) -> str:
 
 
 def status_markdown(comparison: Comparison | None, running: bool) -> str:
+    """The run's details in plain words (which model each side ran and why, how the requests were batched, the
+    schedule, the decoding), then the weights, kernels and batch numbers in a fold for developers."""
     if comparison is None or comparison.skip is None:
         return "Waiting for the batcher…" if running else ""
     skip, full = comparison.skip, comparison.full
     sched = comparison.schedule
-    where = (f"SkipDecode ran in **batch #{skip.batch.number}** ({_rows(skip.batch.size)}), full decoding in "
-             f"**batch #{full.batch.number}** ({_rows(full.batch.size)})." if full else "")
-    plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
-            f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}. "
-            f"Decoding: {safe(comparison.decoding)}.")
+    where = (f"SkipDecode ran as {_rows(skip.batch.size)}, full decoding as {_rows(full.batch.size)}." if full else "")
+    plan = (f"Schedule: {sched.max_budget} of {sched.num_layers} layers a token at first, down to {sched.min_budget} "
+            f"over {sched.horizon} positions ({sched.decay} decay), the bottom {sched.warmup} always run (warm-up), "
+            f"mode {sched.mode}. Decoding: {safe(comparison.decoding)}.")
     state = "Running…" if running else "Stopped." if comparison.stopped else "Done."
-    models = _models((comparison.model, comparison.full_model), comparison.why, comparison.dtypes)
-    return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
+    labels, why = (comparison.model, comparison.full_model), comparison.why
+    batches = (f" SkipDecode ran in batch #{skip.batch.number}, full decoding in batch #{full.batch.number}." if full
+               else "")
+    developers = (f"\n\n<details><summary>For developers: weights, kernels and batches</summary>\n\n"
+                  f"{_models(labels, why, comparison.dtypes)}{batches}\n\n</details>")
+    return f"{state} {_plain_models(labels, why)} {where} {plan}  \n<small>{TIMING_NOTE}</small>{developers}"
+
+
+def _plain_models(labels: tuple[str, str], why: tuple[str, str]) -> str:
+    """Which model each side ran and why, in words: 'the general-3x adapter (a general prompt at 3x)'."""
+    names = [safe(model_name(label)) for label in labels]  # a replayed file's model names are anyone's
+    if why == ("chosen", "chosen"):
+        return f"Model: **{names[0]}**, on both sides (chosen in the settings)."
+    reasons = [safe(reason.split(": ", 1)[-1]) for reason in why]
+    return f"SkipDecode: **{names[0]}** ({reasons[0]}); full decoding: **{names[1]}** ({reasons[1]})."
 
 
 def _models(labels: tuple[str, str], why: tuple[str, str], dtypes: tuple[str, ...] = ()) -> str:
