@@ -50,6 +50,17 @@ def for_the_user(error: BaseException) -> str:
     return _TAG.sub("&lt;", message.replace("&", "&amp;"))
 
 
+def message_for(error: BaseException) -> str:
+    """What the person reads about `error` (called where it was caught): bad input and time limits in their own
+    words, a gr.Error as it is, anything else logged with its traceback on the server and an apology."""
+    if isinstance(error, gr.Error):
+        return error.message
+    if isinstance(error, (ValueError, TimeoutError)):
+        return for_the_user(error)
+    log.exception("internal error while serving a request")
+    return INTERNAL_ERROR
+
+
 @contextmanager
 def user_errors():
     """Bad input and time limits as messages for the person, anything else as an apology; never a
@@ -58,11 +69,14 @@ def user_errors():
         yield
     except gr.Error:
         raise
-    except (ValueError, TimeoutError) as error:
-        raise gr.Error(for_the_user(error), print_exception=False) from None
-    except Exception:
-        log.exception("internal error while serving a request")
-        raise gr.Error(INTERNAL_ERROR, print_exception=False) from None
+    except Exception as error:
+        raise gr.Error(message_for(error), print_exception=False) from None
+
+
+def refused(message: str) -> str:
+    """A refusal beside what caused it (the prompt, a replayed file); `message` is escaped already. Each one is
+    new HTML (its time in it), so the page can tell it from the one before (keys.NOTE_JS)."""
+    return f'<div class="sd-refused" role="alert" data-at="{time.time():.3f}">{message}</div>'
 
 
 def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, top_p=0.9, top_k=0, seed=0,
@@ -78,10 +92,11 @@ def settings_from(speedup, max_new_tokens, decoding="greedy", temperature=0.7, t
 
 
 def drawn(comparison, skip_pieces: list[str], full_pieces: list[str], running: bool = False,
-          replayed: str = "") -> list:
+          banner: str = "", reveal: str = "") -> list:
     """What a comparison draws, in the order of the layout's `drawn_outputs`: the results (shown), the headline,
-    the SkipDecode side's title, both answers, the legend that fits the mode, the run's details, the
-    comparison itself, and once it is done the cards and charts. `replayed`: the line a replay puts first."""
+    both sides' titles, both answers, the legend that fits the mode, the run's details, the
+    comparison itself, and once it is done the cards and charts. `banner`: the line a replay (or a stopped
+    run) puts first; `reveal`: the run's (or the replay's) own mark, which brings it into view (keys.REVEAL_JS)."""
     if comparison.verified:
         skip_html = verified.tokens_html(skip_pieces, (comparison.skip.verification or {}).get("marks", []),
                                          streaming=running and not comparison.skip.finished)
@@ -92,13 +107,36 @@ def drawn(comparison, skip_pieces: list[str], full_pieces: list[str], running: b
     full_html = (views.tokens_html(full_pieces, views.token_layers(full, comparison.num_layers), comparison.num_layers,
                                    streaming=running and not full.finished) if full else views.EMPTY_OUTPUT)
     legend = verified.legend_html() if comparison.verified else views.legend_html(comparison.num_layers)
-    out = [gr.Column(visible=True), replayed + views.headline_html(comparison, running),
-           views.skip_title_html(comparison), skip_html, full_html, legend,
+    out = [gr.Column(visible=True),
+           f'<div data-reveal="{reveal}">{banner}{views.headline_html(comparison, running)}</div>',
+           views.skip_title_html(comparison), views.full_title_html(comparison), skip_html, full_html, legend,
            views.status_markdown(comparison, running), comparison if not running else gr.skip()]
     if running:  # the last comparison's cards and charts go until this one's are drawn
         return out + [gr.Column(visible=False)] + [gr.skip()] * 5
     metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
     return out + [gr.Column(visible=True), metrics, views.quality_html(comparison), *views.compare_figures(comparison)]
+
+
+RUN = "Run"  # the Run button's label when it can run; while a run goes, it says how far (views.progress_label)
+# The layout's output lists, by name: what `drawn` draws, and what stream_compare adds after it.
+DRAWN = ("results", "headline", "skip_title", "full_title", "skip_out", "full_out", "legend", "status", "last",
+         "charts", "metrics", "quality", "budget_plot", "layer_plot", "latency_plot")
+DRAWN_COUNT = len(DRAWN)
+STREAMED = ("teach_box", "part_note", "stop", "run", "prompt_note", "fresh")
+
+
+def stop_run(stopper: dict):
+    """Stop: the running comparison ends at its next position and is drawn as it stands (Callbacks.stream_compare
+    asks `stopper` after every position)."""
+    stopper["stop"] = True
+    return gr.Button("Stopping…", interactive=False)
+
+
+def refusal(message: str) -> list:
+    """stream_compare's answer to bad input: the message beside the prompt, Run ready again, nothing else
+    touched (no error status on the results, which stay the last comparison's)."""
+    return [gr.skip()] * (DRAWN_COUNT + 2) + [gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True),
+                                              gr.update(value=refused(message), visible=True), None]
 
 
 class Callbacks:
@@ -142,29 +180,48 @@ class Callbacks:
                 gr.Markdown(first, visible=bool(first)))
 
     def stream_compare(self, prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
-                       manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None):
-        """The comparison as it streams: the answers as they grow, the headline, then once both are done the
-        cards and charts (`drawn`); then what the comparison before opened (its layer view, hidden; what its
-        marks said, emptied) and Stop (usable while it runs)."""
-        with user_errors():
+                       manual, max_budget, min_budget, warmup, horizon, decay, mode, beams=4, family=None,
+                       stopper=None):
+        """The comparison as it streams: the answers as they grow, the headline, then once both are done (or
+        Stop, through `stopper`, ended them) the cards and charts (`drawn`); then what the comparison before
+        opened (its layer view, hidden; what its marks said, emptied), Stop (usable while it runs), Run (saying
+        how far the run has got), the note beside the prompt, and the finished comparison for what it opens.
+        Bad input raises no error over the results: it is one message beside the prompt (`refusal`), the last
+        comparison left as it was."""
+        stopper = stopper if stopper is not None else {}
+        stopper["stop"] = False
+        drawing, reveal = False, f"run-{time.time():.3f}"  # whether this run has drawn yet; its mark on the page
+        yield [gr.skip()] * (DRAWN_COUNT + 3) + [gr.Button("Starting…", interactive=False), gr.skip(), gr.skip()]
+        try:
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode, beams,
                                      verified.chosen(family))
-            written, texts, first = 0.0, None, True
-            for comparison in self.studio.compare(prompt, settings, model):
+            written, texts = 0.0, None
+            for comparison in self.studio.compare(prompt, settings, model, stop=lambda: stopper.get("stop")):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
                     tokenizer = self.studio.engine(comparison.model).tokenizer
                     texts = (views.TokenText(tokenizer), views.TokenText(tokenizer))
-                now, last = time.monotonic(), comparison.quality is not None
+                now, last = time.monotonic(), comparison.quality is not None or comparison.stopped
                 if not last and now - written < TEXT_EVERY_S:
                     continue
                 written = now
                 sides = [text.pieces(update.token_ids) if update else [] for update, text in
                          zip((comparison.skip, comparison.full), texts)]
-                yield drawn(comparison, *sides, running=not last) + [
-                    gr.Column(visible=False) if first else gr.skip(), "" if first else gr.skip(),
-                    gr.Button(interactive=not last)]
-                first = False
+                banner = views.stopped_banner(comparison) if comparison.stopped else ""
+                yield drawn(comparison, *sides, running=not last, banner=banner, reveal=reveal) + [
+                    gr.skip() if drawing else gr.Column(visible=False), gr.skip() if drawing else "",
+                    gr.Button("Stop", interactive=not last),
+                    gr.Button(RUN, interactive=True) if last else gr.Button(views.progress_label(comparison)),
+                    gr.update(value="", visible=False), comparison if last else gr.skip()]
+                drawing = True
+        except Exception as error:  # noqa: BLE001: every error becomes one message (message_for logs the unknown)
+            message = message_for(error)
+            if drawing:  # this run's answers show: the message goes over them, where the eye is
+                yield [gr.skip(), views.ended_html(message)] + [gr.skip()] * (DRAWN_COUNT - 2) + [
+                    gr.skip(), gr.skip(), gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True),
+                    gr.skip(), None]
+            else:
+                yield refusal(message)
 
     def compare_api(self, prompt: str, speedup: float = 3.0, max_new_tokens: int = 48, model: str = "",
                     decoding: str = "greedy", temperature: float = 0.7, top_p: float = 0.9, top_k: int = 0,

@@ -9,6 +9,8 @@
 - The charts' toolbars stay for the mouse and leave the Tab order.
 """
 
+import json
+
 CSS = """
 button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-visible, a:focus-visible,
 [tabindex]:focus-visible, label:has(input[type=radio]:focus-visible), label:has(input[type=checkbox]:focus-visible),
@@ -17,8 +19,13 @@ input[type=range]:focus-visible { outline: 3px solid #f59e0b !important; outline
 #sd-results:focus, #sd-results:focus-visible { outline: none !important; }
 """
 
+# Gradio scopes the app's CSS to the app's own container; what holds that container is styled from here.
+# A phone-wide window: the page's frame shrinks to the window, so nothing scrolls sideways.
+PAGE_CSS = "@media (max-width: 600px) { .gradio-container .main { min-width: 0 !important; max-width: 100vw !important; } }"
+
 # Gradio's `js` on launch: runs once when the page loads.
 JS = """() => {
+  const style = document.createElement('style'); style.textContent = PAGE_CSS; document.head.appendChild(style);
   const settle = () => {
     document.querySelectorAll('.modebar-btn:not([tabindex="-1"])').forEach((b) => b.setAttribute('tabindex', '-1'));
     document.querySelectorAll('input[type=radio]').forEach((radio) => {
@@ -57,22 +64,41 @@ JS = """() => {
     if (box.top < 0 || box.bottom > window.innerHeight) element.scrollIntoView({block: block || 'start'});
     return true;
   };
-}"""
+}""".replace("PAGE_CSS", json.dumps(PAGE_CSS))
 
-# After Run: once the results show, bring the headline and both answers into view and move focus there.
-AFTER_RUN_JS = """() => {
-  const until = Date.now() + 20000;
-  const go = () => {
-    const results = document.querySelector('#sd-results');
-    const answer = document.querySelector('#sd-full-output .sd-output');
-    if (!results || !results.offsetParent || !answer) { if (Date.now() < until) setTimeout(go, 150); return; }
-    const bottom = answer.getBoundingClientRect().top + Math.min(answer.offsetHeight, 90);
-    if (results.getBoundingClientRect().top < 0 || bottom > window.innerHeight) results.scrollIntoView({block: 'start'});
-    results.setAttribute('tabindex', '-1');
-    results.focus({preventScroll: true});
-  };
-  go();
-}"""
+# The headline's own script (gr.HTML's js_on_load): each run or replay marks its headline with an id of its own
+# (`data-reveal`); the first time the page sees an id, it brings the headline and both answers into view and moves
+# focus there (so the next Tab reaches Present, then the answer's tokens). While the answers stream, each box shows
+# its newest line. The server marks what to reveal, so a script that starts late misses nothing.
+REVEAL_JS = """
+const reveal = () => {
+  const marked = element.querySelector('[data-reveal]');
+  const results = document.querySelector('#sd-results');
+  document.querySelectorAll('#sd-skip-output .sd-output, #sd-full-output .sd-output').forEach((box) => {
+    if (box.querySelector('.sd-cursor')) box.scrollTop = box.scrollHeight; });
+  if (!marked || !results || marked.dataset.reveal === element.dataset.revealed) return;
+  element.dataset.revealed = marked.dataset.reveal;
+  const answer = document.querySelector('#sd-full-output .sd-output');
+  const bottom = answer ? answer.getBoundingClientRect().top + Math.min(answer.offsetHeight, 90) : 0;
+  if (results.getBoundingClientRect().top < 0 || bottom > window.innerHeight) results.scrollIntoView({block: 'start'});
+  results.setAttribute('tabindex', '-1');
+  results.focus({preventScroll: true});
+};
+new MutationObserver(() => requestAnimationFrame(reveal)).observe(element, {childList: true, subtree: true});
+requestAnimationFrame(reveal);
+"""
+
+# A refusal's note (beside the prompt, beside the replay button): each refusal is new HTML (callbacks.refused), and
+# the note comes into view when it changes.
+NOTE_JS = """
+const show = () => {
+  const note = element.querySelector('.sd-refused'); if (!note) return;
+  const box = note.getBoundingClientRect();
+  if (box.top < 0 || box.bottom > window.innerHeight) note.scrollIntoView({block: 'center'});
+};
+new MutationObserver(() => requestAnimationFrame(show)).observe(element, {childList: true, subtree: true});
+requestAnimationFrame(show);
+"""
 
 # The Present button: the slides open at the top of the window.
 TO_TOP_JS = "() => { window.scrollTo({top: 0}); }"

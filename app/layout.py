@@ -11,10 +11,10 @@ import gradio as gr
 
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, max_speedup
 
-from . import keys, link, machinery, plots, replay, results, teach, verified
-from .callbacks import DECODINGS, KV_FIRST, Callbacks
+from . import keys, link, machinery, replay, results, teach, verified, views
+from .callbacks import DECODINGS, KV_FIRST, RUN, Callbacks, stop_run
 from .examples import load_examples
-from .gpu import gpu_callbacks
+from .gpu import gpu_callbacks, zero_gpu
 from .lesson import GPU_CALLBACKS as LESSON_GPU_CALLBACKS
 from .lesson import PLAY, PLAY_EVERY_S, Lesson
 from .studio import Studio
@@ -27,14 +27,20 @@ CSS = """
 .sd-warning { background: #fff7ed; color: #9a3412; border: 1px solid #fdba74; border-radius: .5rem;
   padding: .45rem .7rem; font-size: .95rem; }
 .sd-headline { padding: .15rem 0; }
+#sd-results { min-height: 100vh; }  /* room to bring a run's first tokens to the top before its charts are drawn */
 .sd-verdict { font-size: 1.35rem; font-weight: 650; color: #1e293b; line-height: 1.3; }
 .sd-faster .sd-verdict { color: #3730a3; }
 .sd-slower .sd-verdict { color: #9a3412; }
 .sd-same { font-size: 1rem; color: #334155; }
 .sd-detail { font-size: .8rem; color: #64748b; }
+.sd-replayed.sd-stopped-badge { background: #fef3c7; color: #92400e; }
+.sd-broken .sd-verdict { color: #b91c1c; }
 .sd-replayed { display: inline-block; background: #e0f2fe; color: #075985; border-radius: 999px; padding: 0 .5rem;
   font-size: .78rem; font-weight: 600; margin-right: .4rem; vertical-align: middle; }
-.sd-side-title { font-weight: 600; font-size: .95rem; margin: 0 0 .35rem 0; display: flex; align-items: center; gap: .45rem; }
+.sd-side-title { font-weight: 600; font-size: .95rem; margin: 0 0 .35rem 0; display: flex; align-items: baseline; gap: .45rem;
+  min-height: 2.6em; }  /* two lines: a title that wraps leaves the other side's box where it was */
+.sd-side-model { font-weight: 500; color: #64748b; font-size: .85rem; }
+.sd-side-model::before { content: "·"; margin: 0 .4rem 0 .1rem; }
 .sd-dot { width: .7rem; height: .7rem; border-radius: 50%; display: inline-block; }
 .sd-output { min-height: 7.5rem; max-height: 18rem; overflow-y: auto; padding: .75rem .85rem; border: 1px solid #e2e8f0;
   border-radius: .6rem; background: #fff; line-height: 1.85; font-size: .98rem; white-space: pre-wrap; }
@@ -63,11 +69,18 @@ CSS = """
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
 #sd-status { font-size: .9rem; }
+@media (max-width: 600px) {  /* a phone: columns stack at the window's width, never wider */
+  .row { flex-direction: column !important; }
+  .column { min-width: 0 !important; width: 100% !important; }
+  .tabs, .tab-wrapper { min-width: 0 !important; }
+  .tab-container { flex-wrap: wrap; min-width: 0 !important; }
+  .sd-cards { grid-template-columns: repeat(2, minmax(0, 1fr)); }
+}
 #sd-lens-controls { position: sticky; top: 0; z-index: 25; background: var(--block-background-fill, #fff); }
 """ + teach.CSS + keys.CSS
 JS = keys.JS
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
-HEADER = ("<h1>SkipDecode Studio</h1><p>The same model answers twice, once skipping most of its layers and once "
+HEADER = ("<h1>SkipDecode Studio</h1><p>A language model answers twice, once skipping most of its layers and once "
           "using all of them: see what skipping saves and what it costs.</p>")
 PAPER = ('<p>The method: <a href="https://arxiv.org/abs/2307.02628" target="_blank" rel="noopener">SkipDecode, '
          "Del Corro et al. 2023</a>. Every token at one position of a batch gets the same layer budget, which never "
@@ -115,6 +128,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Column(scale=3):
                         prompt = gr.Textbox(label="Your prompt", lines=3, max_lines=8, elem_id="sd-prompt",
                                             placeholder="Ask anything, or pick an example below")
+                        prompt_note = gr.HTML(elem_id="sd-prompt-note", visible=False, js_on_load=keys.NOTE_JS)  # bad input, said here
                         gr.Examples(examples.all_prompts, inputs=prompt, example_labels=examples.labels,
                                     label="Examples (the restaurant records are also scored against people's own "
                                     "descriptions)", examples_per_page=10, elem_id="sd-examples")
@@ -126,7 +140,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         family = gr.Radio(list(verified.FAMILIES), value=verified.FASTER, label="What it promises",
                                           elem_id="sd-family")  # app/verified.py
                         with gr.Row():
-                            run = gr.Button("Run", variant="primary", elem_id="sd-run", scale=3)
+                            run = gr.Button(RUN, variant="primary", elem_id="sd-run", scale=3)
                             stop = gr.Button("Stop", variant="secondary", scale=1, interactive=False,
                                              elem_id="sd-stop")
                         with gr.Row():
@@ -134,7 +148,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                       visible=replay.LESSON_FILE.exists())  # docs/teaching.md
                             replay_file = gr.UploadButton("Replay a saved comparison…", file_types=[".json"],
                                                           size="sm", elem_id="sd-replay-file")
-                replay_note = gr.HTML(elem_id="sd-replay-note")
+                        replay_note = gr.HTML(elem_id="sd-replay-note", js_on_load=keys.NOTE_JS)  # a refused file, said beside it
                 with gr.Accordion("More settings: model, length, decoding, schedule", open=False,
                                   elem_id="sd-settings"):
                     with gr.Row():
@@ -172,22 +186,21 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                 with gr.Column(visible=False, elem_id="sd-results") as results_box:
                     with gr.Row(equal_height=False):
                         with gr.Column(scale=5):
-                            headline = gr.HTML(elem_id="sd-headline")
+                            headline = gr.HTML(elem_id="sd-headline", js_on_load=keys.REVEAL_JS)
                         with gr.Column(scale=1, min_width=150):
                             present = gr.Button("Present ▶", elem_id="sd-present", interactive=False)
-                    with gr.Row(equal_height=True):
+                    with gr.Row(equal_height=False, elem_id="sd-answers"):  # both boxes start at one height
                         with gr.Column():
                             skip_title = gr.HTML(elem_id="sd-skip-title")
                             skip_out = gr.HTML(elem_id="sd-skip-output", js_on_load=teach.CLICK_JS)
                         with gr.Column():
-                            gr.HTML(f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.FULL}">'
-                                    "</span>Full decoding: all layers for every token</div>")
+                            full_title = gr.HTML(views.full_title_html(), elem_id="sd-full-title")
                             full_out = gr.HTML(elem_id="sd-full-output")
                     legend = gr.HTML(elem_id="sd-legend")
                     part_note = gr.Markdown(elem_id="sd-part-note")
                     with gr.Column(visible=False, elem_id="sd-teach") as teach_box:
                         with gr.Row(equal_height=True, elem_id="sd-lens-controls"):  # sticky: beside the tables
-                            position = gr.Slider(0, 1, value=0, step=1, label="Token of the answer, layer by layer",
+                            position = gr.Slider(1, 2, value=1, step=1, label="Token of the answer, layer by layer",
                                                  interactive=False, elem_id="sd-position", scale=3)
                             previous_layer = gr.Button("◀ layer", elem_id="sd-previous-layer", scale=0, min_width=90,
                                                        interactive=False)
@@ -223,6 +236,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         link_box = gr.Textbox(label="Link to this comparison (it opens with these settings; Run runs it)",
                                               interactive=False, visible=False, elem_id="sd-link", buttons=["copy"])
                 last = gr.State(None)
+                fresh = gr.State(None)  # the comparison a run just drew (None: it refused its input)
+                stopper = gr.State(dict)  # Stop sets it; the running comparison reads it after every position
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
                 player = gr.Timer(PLAY_EVERY_S, active=False)
@@ -308,24 +323,26 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         compare_inputs = [prompt, model, speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed,
                           manual, max_budget, min_budget, warmup, horizon, decay, mode, beams, family]
         # what a comparison draws (Callbacks.drawn): a run streams it, a replay draws it at once
-        drawn_outputs = [results_box, headline, skip_title, skip_out, full_out, legend, status, last, charts_box,
-                         metrics, quality, budget_plot, layer_plot, latency_plot]
-        events = [trigger(cb.stream_compare, compare_inputs, [*drawn_outputs, teach_box, part_note, stop],
-                          api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode",
-                          show_progress="minimal")
+        drawn_outputs = [results_box, headline, skip_title, full_title, skip_out, full_out, legend, status, last,
+                         charts_box, metrics, quality, budget_plot, layer_plot, latency_plot]
+        streamed = [*drawn_outputs, teach_box, part_note, stop, run, prompt_note, fresh]  # callbacks.STREAMED
+        events = [trigger(cb.stream_compare, [*compare_inputs, stopper], streamed, api_visibility="private",
+                          concurrency_limit=concurrency, concurrency_id="decode", show_progress="hidden")
                   for trigger in (run.click, prompt.submit)]
-        for trigger in (run.click, prompt.submit):
-            trigger(None, js=keys.AFTER_RUN_JS, api_visibility="private")
-        for event in events:
-            event.then(lambda: gr.Button(interactive=False), None, stop, api_visibility="private", queue=False)
-        stop.click(None, cancels=events, api_visibility="private")
+        for event in events:  # whatever ended the run (an error, a cancel), Run is ready again and Stop is not
+            event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True)), None,
+                       [stop, run], api_visibility="private", queue=False)
+        # Stop ends the run at its next position, drawn as it stands (on ZeroGPU the run is in another process,
+        # which the flag cannot reach: there Stop cancels it)
+        stop.click(stop_run, [stopper], [stop], api_visibility="private", queue=False,
+                   cancels=events if zero_gpu() else None)
         # ---- teaching: marks, one position layer by layer, export and replay, presentation ----------
         step_buttons = [previous_layer, next_layer, play, all_layers]
         # what a finished comparison opens (Lesson.opened): its record, the marks, the layer view's controls
         opened_outputs = [record, skip_out, part_note, teach_box, position, lens_view, lens_plot, *step_buttons,
                           divergence_plot, kv_button, present, previous_slide, next_slide, slide_index]
         for event in events:
-            event.success(lesson.after_compare, [last], opened_outputs,
+            event.success(lesson.after_compare, [fresh], opened_outputs,
                           api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode")
         pick_outputs = [record, skip_out, position, lens_view, lens_plot, shown_layers, player, *step_buttons]
         skip_out.click(lesson.clicked, [record, last], pick_outputs, api_visibility="private",
@@ -363,9 +380,6 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                            show_progress="hidden")  # a refusal changes the note only
         lesson_button.click(lesson.replay_lesson, None, replay_outputs, api_visibility="private", queue=False,
                             show_progress="hidden")
-        for button in (replay_file, lesson_button):
-            (button.upload if button is replay_file else button.click)(None, js=keys.AFTER_RUN_JS,
-                                                                       api_visibility="private")
         slide_outputs = [slide, slide_plot, slide_index]
         present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
         present.click(lambda r: (gr.Tabs(selected="present"), *lesson.slide(r, 0)), [record], [tabs, *slide_outputs],

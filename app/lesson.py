@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import html
 import logging
+import time
 from pathlib import Path
 
 import gradio as gr
 
 from . import link, plots, replay, standalone, teach, timing, verified, views
+from .callbacks import DRAWN, for_the_user, refused, user_errors
 from .callbacks import drawn as drawn_view
-from .callbacks import for_the_user, user_errors
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
@@ -31,10 +32,12 @@ class Lesson:
 
     # ---- after a comparison -----------------------------------------------------------------
     def after_compare(self, comparison):
-        """The record of the comparison that just finished, with the settings it ran (not the widgets', which
-        may have moved since), and what it opens (`opened`); nothing if it did not finish (stopped, or an
-        error already shown)."""
-        if comparison is None or comparison.divergence is None:
+        """The record of the comparison that just finished (or that Stop ended), with the settings it ran (not
+        the widgets', which may have moved since), and what it opens (`opened`); nothing new where the run
+        refused its input or drew nothing to open."""
+        if comparison is None:  # no comparison this time (bad input): the last one stays open
+            return (gr.skip(),) * len(OPENED)
+        if comparison.divergence is None:  # stopped before both sides had a token: nothing to open
             return (None,) + (gr.skip(),) * (len(OPENED) - 1)
         with user_errors():
             tokenizer = self.studio.engine(comparison.model).tokenizer
@@ -42,20 +45,21 @@ class Lesson:
         return opened(record)
 
     # ---- one position, layer by layer ---------------------------------------------------------
-    def pick(self, position, record, comparison):
-        """The layer view of `position`; the lens of every position is computed on the first pick."""
+    def pick(self, number, record, comparison):
+        """The layer view of token `number` (counted from 1, as the slider shows it); the lens of every position
+        is computed on the first pick."""
         if record is None:  # guidance, not an error: nothing to pick from yet
             return (gr.skip(),) * 3 + (teach.guide("run"),) + (gr.skip(),) * 7
         with user_errors():
-            position = int(position)
+            position = int(number) - 1
             if not 0 <= position < len(record["divergence"]["tokens"]):
-                raise ValueError(f"pick a token between 0 and {len(record['divergence']['tokens']) - 1}")
+                raise ValueError(f"pick a token between 1 and {len(record['divergence']['tokens'])}")
             if not record.get("lens"):
                 if comparison is None:
                     raise ValueError("this comparison has no layer view saved, and no model ran it here")
                 lenses = self.studio.lenses(comparison)
                 replay.add_lenses(record, lenses, self.studio.engine(comparison.model).tokenizer)
-        return (record, teach.marked_html(record, position), gr.Slider(value=position),
+        return (record, teach.marked_html(record, position), gr.Slider(value=position + 1),
                 teach.lens_html(record, position), gr.Plot(teach.lens_figure(record, position), visible=True), None,
                 gr.Timer(active=False)) + steppable(True)
 
@@ -65,16 +69,16 @@ class Lesson:
         position = getattr(evt, "position", None)
         if position is None:  # a click beside the tokens
             return (gr.skip(),) * 11
-        return self.pick(position, record, comparison)
+        return self.pick(int(position) + 1, record, comparison)  # the element's positions count from 0
 
     @staticmethod
-    def _step(record, position, shown, going=None):
+    def _step(record, number, shown, going=None):
         """The layer view and its figure with `shown` layers revealed from the bottom (None: all), `shown`, the
         player's state and the Play button's label (Pause while it plays); a layer button pressed before a
         pick gets guidance in the layer view instead."""
         if not record or not record.get("lens"):
             return teach.guide("pick" if record else "run"), gr.skip(), None, gr.Timer(active=False), gr.skip()
-        position = int(position)
+        position = int(number) - 1  # the slider's token, counted from 1
         return (teach.lens_html(record, position, shown), teach.lens_figure(record, position, shown), shown,
                 *((gr.skip(), gr.skip()) if going is None else (gr.Timer(active=going), play_button(going))))
 
@@ -173,7 +177,8 @@ class Lesson:
         hardware = record["hardware"]
         line = (f'<span class="sd-replayed">Replayed</span><span class="sd-detail">from an export made '
                 f"{views.safe(record['exported'])} on {views.safe(hardware['cpu'])}; no model ran.</span>")
-        out = drawn_view(comparison, record["skipdecode"]["pieces"], record["full"]["pieces"], replayed=line)
+        out = drawn_view(comparison, record["skipdecode"]["pieces"], record["full"]["pieces"], banner=line,
+                          reveal=f"replay-{time.time():.3f}")
         status = (f"**Replayed** from an export made {views.safe(record['exported'])} on {views.safe(hardware['cpu'])} "
                   f"({views.safe(hardware['device'])}, {views.safe(hardware['dtype'])}); no model ran. "
                   f"Prompt: “{views.safe(record['prompt'])}”. "
@@ -201,6 +206,8 @@ class Lesson:
                       plots.empty_figure("Pick a token on the Compare tab first: the layer view is computed then"))
         elif name == "acceptance":
             why = verified.explain(record["verification"], timing.of(comparison))
+        elif name == "answers":  # the verdict, as the headline gives it: a broken answer said first
+            why = views.headline_html(comparison, running=False)
         if figure is not None:
             figure.update_layout(font=dict(size=18), height=teach.SLIDE_HEIGHT)
         return teach.slide_html(record, index, why), gr.Plot(figure, visible=figure is not None), index
@@ -209,9 +216,7 @@ class Lesson:
         return self.slide(record, index, int(getattr(evt, "step", 0) or 0))
 
 
-# The layout's output lists, by name: what a comparison draws (callbacks.drawn) and what a finished one opens.
-DRAWN = ("results", "headline", "skip_title", "skip_out", "full_out", "legend", "status", "last", "charts", "metrics",
-         "quality", "budget_plot", "layer_plot", "latency_plot")
+# The layout's output lists, by name: what a comparison draws (callbacks.DRAWN) and what a finished one opens.
 OPENED = ("record", "skip_out", "part_note", "teach_box", "position", "lens_view", "lens_plot", "previous_layer",
           "next_layer", "play", "all_layers", "divergence_plot", "kv_button", "present", "previous_slide",
           "next_slide", "slide_index")
@@ -237,12 +242,7 @@ def opened(record: dict) -> tuple:
     position = teach.default_position(record)
     usable = gr.Button(interactive=True)
     return ((record, teach.marked_html(record), teach.summary_markdown(record), gr.Column(visible=True),
-             gr.Slider(0, max(n - 1, 1), value=position, step=1, interactive=n > 1), teach.guide("pick"),
+             gr.Slider(1, max(n, 2), value=position + 1, step=1, interactive=n > 1), teach.guide("pick"),
              gr.Plot(visible=False)) + steppable(False)
             + (gr.Plot(teach.divergence_figure(record), visible=not record.get("verified")), usable, usable, usable,
                usable, 0))
-
-
-def refused(message: str) -> str:
-    """A replayed file's refusal, beside the file box (`message` is escaped already: for_the_user)."""
-    return f'<div class="sd-refused" role="alert">{message}</div>'

@@ -200,13 +200,13 @@ def rounds_budget_figure(drafts: pd.DataFrame, passes: pd.DataFrame, scheduled: 
 def latency_figure(skip: pd.DataFrame, full: pd.DataFrame, verdict: str | None = None,
                    name: str = "SkipDecode") -> go.Figure:
     """Both sides counted alike (app/timing.py's token frames): left, the time each decoded token took
-    (prefill excluded); right, the time to each output token, the prefill included (token 0 is the
+    (prefill excluded); right, the time to each output token, the prefill included (token 1 is the
     prefill's), whose ends the headline compares; the title gives the verdict (`Timing.words`)."""
     for frame, what in ((skip, f"the {name} run"), (full, "the full run")):
         _require(frame, ["token", "ms", "cumulative_ms"], what)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14)
     for frame, label, colour in ((full, "full decoding", FULL), (skip, name, SKIP)):
-        decoded = frame[frame["token"] > 0]
+        decoded = frame[frame["token"] > 1]  # token 1 is the prefill's
         fig.add_trace(go.Scatter(x=decoded["token"], y=decoded["ms"], name=label, mode="lines",
                                  line=dict(color=colour, width=2), legendgroup=label,
                                  hovertemplate=label + ", token %{x}: %{y:.1f} ms<extra></extra>"), 1, 1)

@@ -264,10 +264,12 @@ class Comparison:
     lenses: dict | None = None  # "skipdecode" / "full" -> [lens.Lens per position], made when first asked
     settings: Settings | None = None  # what the request asked, as it ran (an export records these, never the widgets)
     verified: bool = False  # the SkipDecode side drafted and the full side's model verified: full decoding's output
+    stopped: bool = False  # Stop ended both sides early: what they had written is the comparison
 
     @property
     def done(self) -> bool:
-        return bool(self.skip and self.skip.done and self.full and self.full.done)
+        """No more tokens are coming: both sides finished, or Stop ended them."""
+        return self.stopped or bool(self.skip and self.skip.done and self.full and self.full.done)
 
     def speedups(self) -> dict[str, float | None]:
         """Decode speedups: `layers` (full depth / average budget), `weights` (weights read per step, the LM
@@ -468,10 +470,12 @@ class Studio:
                              f"{engine.decoder.max_positions:,} tokens)")
         return ids
 
-    def compare(self, prompt: str, settings: Settings, model: str | None = None) -> Iterator[Comparison]:
+    def compare(self, prompt: str, settings: Settings, model: str | None = None,
+                stop=None) -> Iterator[Comparison]:
         """Yields the comparison after every position of either run, then once more with quality scores.
         The prompt is checked, routed and encoded once; both sides' models follow that one route and
-        decode those ids."""
+        decode those ids. `stop` (a function, asked after every position) ends both sides early: the
+        comparison, marked `stopped`, is then scored on what they had written."""
         prompt, n = self._check_text(prompt, settings.max_new_tokens)
         beam = settings.search(self.limits)  # checked before any model is loaded for the request
         if settings.verify and beam is not None:
@@ -496,9 +500,15 @@ class Studio:
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:
             for comparison.skip, comparison.full in follow([skip, full]):
+                if stop is not None and stop():
+                    comparison.stopped = True
+                    break
                 yield comparison
         finally:
             skip.cancel(), full.cancel()
+        if not all(side and side.token_ids for side in (comparison.skip, comparison.full)):
+            yield comparison  # stopped before both sides had a token: nothing to score
+            return
         started = time.perf_counter()
         states = self.answer_states(full_engine, comparison)
         comparison.quality = self.score(full_engine, comparison, states)

@@ -14,7 +14,7 @@ import html
 import plotly.graph_objects as go
 
 from . import plots, verified
-from .views import _shade, safe
+from .views import _shade, model_name, safe
 
 # Clicking a token of the SkipDecode answer picks its position for the layer view; the element itself
 # (gr.HTML's js_on_load) passes the position with the click. From the keyboard (a presentation clicker): the
@@ -83,7 +83,8 @@ SLIDE_HEIGHT = 460  # a slide's chart: below its title and the slide buttons it 
 CSS = """
 .sd-marked { max-height: none !important; overflow: visible !important; }
 .sd-marked .sd-token { cursor: pointer; position: relative; }
-.sd-part { text-decoration: underline wavy #dc2626; text-decoration-thickness: 2px; text-underline-offset: 3px; }
+.sd-part { text-decoration: underline solid #ea580c; text-decoration-thickness: 3px; text-underline-offset: 4px;
+  text-decoration-skip-ink: none; }  /* a straight orange bar: a mark of the lesson, not a spelling mistake */
 .sd-token.sd-picked { outline: 2px solid #f59e0b; }
 .sd-tip { display: none; position: fixed; left: 0; top: 0; z-index: 30; min-width: 15rem; padding: .45rem .6rem;
   background: #1e293b; color: #f8fafc; border-radius: .45rem; font-size: .8rem; line-height: 1.45; white-space: normal;
@@ -114,6 +115,8 @@ CSS = """
 .sd-present { font-size: 1.6rem; line-height: 1.6; }
 #sd-present-tab { min-height: 100vh; }
 .sd-present h2 { font-size: 2.1rem; margin: .2rem 0 .6rem 0; }
+.sd-present .sd-headline { margin: 0 0 .6rem 0; line-height: 1.35; }  /* slide 1's verdict, above the answers */
+.sd-present .sd-verdict { font-size: 1.7rem; }
 .sd-present .sd-big { font-size: 4rem; font-weight: 700; color: #059669; line-height: 1.1; }
 .sd-present .sd-slide-grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1.2rem; }
 .sd-present .sd-output { font-size: 1.5rem; max-height: none; line-height: 1.7; }
@@ -156,11 +159,11 @@ def marked_html(record: dict, picked: int | None = None) -> str:
         i, parted = entry["position"], entry["token"] != entry["full_token"]
         classes = "sd-token" + (" sd-part" if parted else "") + (" sd-picked" if i == picked else "")
         if parted:
-            tip = (f"token {i}: SkipDecode chose {word(record, entry['token'])} after {layers} of {L} layers; "
+            tip = (f"token {i + 1}: SkipDecode chose {word(record, entry['token'])} after {layers} of {L} layers; "
                    f"<b>full depth would choose {word(record, entry['full_token'])}</b> ({entry['full_prob']:.2f}; "
                    f"SkipDecode's token: {entry['skip_prob']:.2f}){_alternatives(record, top)}")
         else:
-            tip = (f"token {i}: chosen after {layers} of {L} layers; full depth agrees "
+            tip = (f"token {i + 1}: chosen after {layers} of {L} layers; full depth agrees "
                    f"({entry['full_prob']:.2f}){_alternatives(record, top)}")
         spans.append(f'<span class="{classes}" data-pos="{i}" tabindex="{0 if i == focused else -1}" role="button" '
                      f'style="background:{_shade(layers, L)}">'
@@ -183,7 +186,7 @@ def summary_markdown(record: dict, clickable: bool = True) -> str:
     if found["first"] is None:
         return head + " They never part: underlined tokens would mark where full depth chooses otherwise."
     first = found["tokens"][found["first"]]
-    return (head + f" They first part at token {found['first']}: SkipDecode wrote {word(record, first['token'])}, "
+    return (head + f" They first part at token {found['first'] + 1}: SkipDecode wrote {word(record, first['token'])}, "
             f"full depth would write {word(record, first['full_token'])} ({first['full_prob']:.2f}). Underlined: "
             "where full depth would choose otherwise (hover for its choice"
             + ("; click any token, or Tab to the answer and press Enter, to see it layer by layer)." if clickable
@@ -197,7 +200,7 @@ def verified_summary(record: dict, clickable: bool = True) -> str:
     replaced = [i for i, mark in enumerate(marks) if mark == "replaced"]
     head = (f"**The full model kept {v['accepted']} of SkipDecode's {v['drafted']} drafts in {v['verify_passes']} "
             f"verify passes.**" if v["drafted"] else "**Nothing was drafted.**")
-    where = (f" It first rejected one at token {replaced[0]}, and put its own token there (red)." if replaced else
+    where = (f" It first rejected one at token {replaced[0] + 1}, and put its own token there (red)." if replaced else
              " It rejected none: after each pass it added one token of its own (grey).")
     pick = (" Click a token (or Tab to the answer and press Enter) to see, layer by layer, what the draft saw there "
             "beside the full model." if clickable else "")
@@ -208,7 +211,7 @@ def divergence_figure(record: dict) -> go.Figure:
     """Per position of the SkipDecode answer: the layers SkipDecode ran to choose it, and the probability
     full depth gives its token against full depth's own choice; red where they differ."""
     found, side = record["divergence"], record["skipdecode"]
-    positions = [t["position"] for t in found["tokens"]]
+    positions = [t["position"] + 1 for t in found["tokens"]]  # as people count: from 1
     parted = [t["token"] != t["full_token"] for t in found["tokens"]]
     fig = go.Figure()
     fig.add_bar(x=positions, y=side["layers"][: len(positions)], name="layers SkipDecode ran",
@@ -222,7 +225,7 @@ def divergence_figure(record: dict) -> go.Figure:
                                                 symbol=["x" if p else "circle" for p in parted]),
                     hovertemplate="token %{x}: %{y:.2f}<extra></extra>")
     if found["first"] is not None:
-        fig.add_vline(x=found["first"], line_dash="dot", line_color="#dc2626",
+        fig.add_vline(x=found["first"] + 1, line_dash="dot", line_color="#dc2626",
                       annotation_text="first part", annotation_position="top left")
     fig.update_layout(xaxis_title="token of the SkipDecode answer", yaxis=dict(title="probability at full depth",
                       range=[0, 1.05]), yaxis2=dict(title="layers run", overlaying="y", side="right",
@@ -289,16 +292,16 @@ def lens_html(record: dict, position: int, shown_layers: int | None = None) -> s
     entry = record["divergence"]["tokens"][position]
     skip, full = record["lens"]["skipdecode"][position], record["lens"]["full"][position]
     fed = ("the prompt's last token (the prefill chose it, every layer)" if position == 0 else
-           f"token {position - 1} fed back")
+           f"token {position} fed back")
     if stepping(record, shown_layers):
-        head = (f'<div class="sd-part-summary">Token {position}, chosen from {fed}: which token will each side '
+        head = (f'<div class="sd-part-summary">Token {position + 1}, chosen from {fed}: which token will each side '
                 "choose? The top layer tells.</div>")
         finals = (None, None)
     else:
         verdict = ("full depth would choose the same token" if entry["token"] == entry["full_token"] else
                    f"<b>full depth would choose {word(record, entry['full_token'])}</b> instead of "
                    f"{word(record, entry['token'])}")
-        head = (f'<div class="sd-part-summary">Token {position} ({word(record, entry["token"])}), chosen from {fed}: '
+        head = (f'<div class="sd-part-summary">Token {position + 1} ({word(record, entry["token"])}), chosen from {fed}: '
                 f"{verdict}. Bold: the token each side finally chose.</div>")
         finals = (entry["token"], entry["full_token"])
     title = "The draft (its layers)" if record.get("verified") else "SkipDecode (its run layers)"
@@ -325,7 +328,7 @@ def lens_figure(record: dict, position: int, shown_layers: int | None = None) ->
                         hovertemplate="layer %{x}: %{y:.2f}<extra></extra>")
     fig.update_layout(xaxis=dict(title="layer", range=[-0.5, L - 0.5]),
                       yaxis=dict(title="probability (logit lens)", range=[0, 1.05]))
-    return plots._style(fig, f"Token {position}: the probability of each side's final choice after each layer it ran",
+    return plots._style(fig, f"Token {position + 1}: the probability of each side's final choice after each layer it ran",
                         height=320)
 
 
@@ -350,8 +353,9 @@ def slides(record: dict | None) -> tuple[str, ...]:
 
 
 def slide_html(record: dict | None, index: int, why: str = "") -> str:
-    """Large type: the title of slide `index` and, for the first two, the two answers (`why`: for a verified
-    comparison's acceptance slide, the line saying why it was faster, slower or too close to call)."""
+    """Large type: the title of slide `index` and, for the first two, the two answers (`why`: on the first, the
+    verdict, HTML; for a verified comparison's acceptance slide, the line saying why it was faster, slower or too
+    close to call)."""
     if record is None:
         return '<div class="sd-present"><h2>Run or replay a comparison first.</h2></div>'
     names = slides(record)
@@ -363,14 +367,14 @@ def slide_html(record: dict | None, index: int, why: str = "") -> str:
                           "Which layers ran at each position",
              "budget": "Layers per token: drafts and checks" if verified_run else "The budget of each position",
              "latency": "Time to each token", "divergence": "Same prefix, full depth: agree or not?",
-             "lens": f"Token {default_position(record)}, layer by layer"}[name]
+             "lens": f"Token {default_position(record) + 1}, layer by layer"}[name]
     body = ""
     if name == "answers":
         first = verified.record_html(record) if verified_run else _plain(record["skipdecode"], L)
-        sides = [(f"{'Verified' if verified_run else 'SkipDecode'} ({record['model']})", first),
-                 (f"Full decoding ({record['full_model']})", _plain(record["full"], L))]
+        sides = [(f"{'Verified' if verified_run else 'SkipDecode'}: {model_name(record['model'])}", first),
+                 (f"Full decoding: {model_name(record['full_model'])}", _plain(record["full"], L))]
         body = "".join(f"<div><b>{html.escape(t)}</b>{o}</div>" for t, o in sides)
-        body = f'<div class="sd-slide-grid">{body}</div>' + (verified.legend_html() if verified_run else "")
+        body = why + f'<div class="sd-slide-grid">{body}</div>' + (verified.legend_html() if verified_run else "")
     elif name == "marks":
         body = marked_html(record) + f'<div class="sd-slide-note">{summary_text(record)}</div>'
     elif name == "acceptance":

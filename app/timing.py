@@ -23,10 +23,10 @@ FASTER, SLOWER, CLOSE, SHORT = "faster", "slower", "close", "short"
 
 
 def token_frame(trace) -> pd.DataFrame:
-    """One row per output token: `token` (0 = the prefill's), `ms` (what choosing it took; the prefill for
-    token 0) and `cumulative_ms` (the time to that token, prefill included)."""
+    """One row per output token, counted from 1 as people count: `token` (1 = the prefill's), `ms` (what choosing
+    it took; the prefill for token 1) and `cumulative_ms` (the time to that token, prefill included)."""
     ms = [float(trace.prefill_ms)] + [float(step.ms) for step in trace.steps]
-    frame = pd.DataFrame({"token": range(len(ms)), "ms": ms})
+    frame = pd.DataFrame({"token": range(1, len(ms) + 1), "ms": ms})
     frame["cumulative_ms"] = frame["ms"].cumsum()
     return frame
 
@@ -70,10 +70,14 @@ class Timing:
         r = self.end_to_end
         if r is None:
             return "not timed yet"
-        return {FASTER: f"{name} {r:.2f}× faster to the whole answer",
-                SLOWER: f"{name} slower to the whole answer: {r:.2f}× the speed",
-                CLOSE: f"too close to call: {name} {self.low:.2f}–{self.high:.2f}× the speed of full decoding",
-                SHORT: f"{name} {r:.2f}× the speed (too short a run to tell)"}[self.verdict]
+        verdict = self.verdict
+        if verdict == FASTER:
+            return f"{name} {r:.2f}× faster to the whole answer"
+        if verdict == SLOWER:
+            return f"{name} slower to the whole answer: {r:.2f}× the speed"
+        if verdict == CLOSE:
+            return f"too close to call: {name} {self.low:.2f}–{self.high:.2f}× the speed of full decoding"
+        return f"{name} {r:.2f}× the speed (too short a run to tell)"
 
     def spread(self) -> str:
         """Where the interval came from, in one clause."""
@@ -86,26 +90,44 @@ class Timing:
 def timing(skip, full, skip_turns: list[tuple[float, int]], full_turns: list[tuple[float, int]],
            seed: int = 0) -> Timing:
     """The figures for two finished (or partial) sides: `skip` and `full` are Updates (their traces), the
-    turns as `turns` gives them."""
-    n = min(len(skip.token_ids), len(full.token_ids))
-    s_frame, f_frame = token_frame(skip.trace), token_frame(full.trace)
-    n = min(n, len(s_frame), len(f_frame))
+    turns as `turns` gives them. The headline figures and their spread come from the same numbers: each
+    side's prefill and the turns that decoded the tokens both sides reached (a side that went on past them
+    counts none of its later turns), so the figure is the resampling's own unresampled value."""
+    n = min(len(skip.token_ids), len(full.token_ids), len(skip.trace.steps) + 1, len(full.trace.steps) + 1)
     if n < 1:
         return Timing(n, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None, None, 0)
-    s_ms, f_ms = float(s_frame["cumulative_ms"].iloc[n - 1]), float(f_frame["cumulative_ms"].iloc[n - 1])
     s_pre, f_pre = float(skip.trace.prefill_ms), float(full.trace.prefill_ms)
+    s_turns, f_turns = reaching(skip_turns, n - 1), reaching(full_turns, n - 1)
+    s_tok, f_tok = per_token(s_turns), per_token(f_turns)  # ms per decoded token (None: nothing decoded)
+    s_ms, f_ms = s_pre + (n - 1) * (s_tok or 0.0), f_pre + (n - 1) * (f_tok or 0.0)
     end_to_end = round(f_ms / s_ms, 3) if s_ms > 0 else None
-    decode = round((f_ms - f_pre) / (s_ms - s_pre), 3) if n > 1 and s_ms > s_pre and f_ms > f_pre else None
+    decode = round(f_tok / s_tok, 3) if n > 1 and s_tok and f_tok else None
     low = high = d_low = d_high = None
-    if n > 1 and min(len(skip_turns), len(full_turns)) >= MIN_TURNS:
-        per_token = _resampled(skip_turns, full_turns, max(len(skip_turns), len(full_turns)), seed)
-        if per_token is not None:  # the prefills as timed, once each; the decoded tokens at each resampled cost
-            s_tok, f_tok = per_token
-            e2e = (f_pre + (n - 1) * f_tok) / (s_pre + (n - 1) * s_tok)
+    count = max(len(s_turns), len(f_turns))
+    if decode is not None and min(len(s_turns), len(f_turns)) >= MIN_TURNS:
+        resampled = _resampled(s_turns, f_turns, count, seed)
+        if resampled is not None:  # the prefills as timed, once each; the decoded tokens at each resampled cost
+            s_each, f_each = resampled
+            e2e = (f_pre + (n - 1) * f_each) / (s_pre + (n - 1) * s_each)
             low, high = (round(float(v), 3) for v in np.percentile(e2e, INTERVAL))
-            d_low, d_high = (round(float(v), 3) for v in np.percentile(f_tok / s_tok, INTERVAL))
-    count = max(len(skip_turns), len(full_turns))
+            d_low, d_high = (round(float(v), 3) for v in np.percentile(f_each / s_each, INTERVAL))
     return Timing(n, s_ms, f_ms, s_pre, f_pre, end_to_end, decode, low, high, d_low, d_high, count)
+
+
+def reaching(turns: list[tuple[float, int]], tokens: int) -> list[tuple[float, int]]:
+    """The first turns, up to the one that decoded token `tokens` (a round of several tokens counts whole)."""
+    out, made = [], 0
+    for turn in turns:
+        if made >= tokens:
+            break
+        out.append(turn)
+        made += turn[1]
+    return out
+
+
+def per_token(turns: list[tuple[float, int]]) -> float | None:
+    tokens = sum(t for _, t in turns)
+    return sum(ms for ms, _ in turns) / tokens if tokens else None
 
 
 def _resampled(skip_turns, full_turns, count: int, seed: int):

@@ -49,7 +49,7 @@ def tokens_html(pieces: list[str], marks: list[str], streaming: bool = False, pi
         focus = 0 if index == (picked or 0) else -1  # one Tab stop; teach.CLICK_JS moves between tokens
         spans.append(f'<span class="sd-token sd-{mark}{extra}" data-pos="{index}" data-mark="{mark}" '
                      f'tabindex="{focus}" role="button" '
-                     f'title="token {index}: {html.escape(TITLES.get(mark, mark))}">{shown}</span>')
+                     f'title="token {index + 1}: {html.escape(TITLES.get(mark, mark))}">{shown}</span>')
     cursor = '<span class="sd-cursor"></span>' if streaming else ""
     return f'<style>{CSS}</style><div class="sd-output sd-verified-output">{"".join(spans)}{cursor}</div>'
 

@@ -14,6 +14,7 @@ from skipdecode.evaluation.quality import common_prefix
 from skipdecode.schedule import Schedule
 
 from . import plots, rounds, timing
+from .results import BROKEN
 from .studio import TIMING_NOTE, BatchRun, Comparison
 
 EMPTY_OUTPUT = '<div class="sd-output sd-empty">The output appears here, token by token.</div>'
@@ -95,20 +96,32 @@ def tokens_html(pieces: list[str], layers: list[int], num_layers: int, streaming
     for index, (piece, n) in enumerate(zip(pieces, layers)):
         shown = html.escape(piece) or "&#8203;"  # newlines show as such: the output box keeps white space
         spans.append(f'<span class="sd-token" style="background:{_shade(n, num_layers)}" '
-                     f'title="token {index}: chosen after {n} of {num_layers} layers">{shown}</span>')
+                     f'title="token {index + 1}: chosen after {n} of {num_layers} layers">{shown}</span>')
     cursor = '<span class="sd-cursor"></span>' if streaming else ""
     return f'<div class="sd-output">{"".join(spans)}{cursor}</div>'
 
 
 def skip_title_html(comparison: Comparison) -> str:
-    """The SkipDecode side's title: what it does, in the family the run chose."""
+    """The SkipDecode side's title: what it does, in the family the run chose, and the model it ran where the
+    other side ran another."""
     if comparison.verified:
         text = "Verified: SkipDecode drafts, the full model checks every token"
     else:
         average = comparison.schedule.average_budget(max(comparison.max_new_tokens - 1, 1))
         text = f"SkipDecode: about {average:.0f} of {comparison.num_layers} layers for each token"
-    return (f'<div class="sd-side-title"><span class="sd-dot" style="background:{plots.SKIP}"></span>'
-            f"{html.escape(text)}</div>")
+    return side_title(text, plots.SKIP, comparison.model if comparison.model != comparison.full_model else "")
+
+
+def full_title_html(comparison: Comparison | None = None) -> str:
+    """The full side's title, with its model where the SkipDecode side ran another."""
+    differs = comparison is not None and comparison.model != comparison.full_model
+    return side_title("Full decoding: all layers for every token", plots.FULL, comparison.full_model if differs else "")
+
+
+def side_title(text: str, color: str, model: str = "") -> str:
+    named = f'<span class="sd-side-model">{html.escape(model_name(model))}</span>' if model else ""
+    return (f'<div class="sd-side-title"><span class="sd-dot" style="background:{color}"></span>'
+            f"<span>{html.escape(text)}{named}</span></div>")
 
 
 def legend_html(num_layers: int) -> str:
@@ -116,6 +129,40 @@ def legend_html(num_layers: int) -> str:
     return ('<div class="sd-legend"><span>token shading: layers run to choose it</span>'
             f'<span class="sd-scale-label">1</span><span class="sd-scale" style="background:linear-gradient(90deg, '
             f'{stops})"></span><span class="sd-scale-label">{num_layers}</span></div>')
+
+
+def tokens(n: int) -> str:
+    """'1 token', '37 tokens'."""
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def model_name(label: str) -> str:
+    """A model's label as a person reads it, without the list's notes: 'e2e-all (fine-tuned for 2x, 3x, 5x)' is
+    'the e2e-all adapter', 'SmolLM2-135M-Instruct (base)' is 'the base model'."""
+    if label.endswith(" (base)"):
+        return "the base model"
+    return f"the {label.split(' (', 1)[0]} adapter"
+
+
+def progress_label(comparison: Comparison) -> str:
+    """The Run button while a comparison runs: how far it has got."""
+    written = max(len(side.token_ids) if side else 0 for side in (comparison.skip, comparison.full))
+    return f"Running… {written} of {tokens(comparison.max_new_tokens)}"
+
+
+def stopped_banner(comparison: Comparison) -> str:
+    """The line a stopped comparison puts above its headline."""
+    counts = [len(side.token_ids) if side else 0 for side in (comparison.skip, comparison.full)]
+    return (f'<span class="sd-replayed sd-stopped-badge">Stopped</span><span class="sd-detail">SkipDecode at '
+            f"{tokens(counts[0])} and full decoding at {counts[1]} of {comparison.max_new_tokens}: both answers as far "
+            "as they got, the figures over the tokens both reached.</span>")
+
+
+def ended_html(message: str) -> str:
+    """The headline of a run that an error ended after it had drawn (a time limit): what happened, in its place.
+    `message` is escaped already (callbacks.for_the_user)."""
+    return (f'<div class="sd-headline sd-slower"><div class="sd-verdict">Stopped: {message}</div>'
+            '<div class="sd-same">The answers below are as far as they got.</div></div>')
 
 
 def card(label: str, value: str, note: str = "", accent: str = "") -> str:
@@ -159,7 +206,7 @@ def times_card(t: timing.Timing | None, name: str) -> str:
     if t is None or not t.tokens:
         return card("time", "–", "")
     return card("time", f"{t.skip_ms / 1000:.2f} <small>vs</small> {t.full_ms / 1000:.2f} s",
-                 f"{name} vs full decoding to token {t.tokens - 1}; prefill {t.skip_prefill_ms:.0f} vs "
+                 f"{name} vs full decoding to token {t.tokens}; prefill {t.skip_prefill_ms:.0f} vs "
                  f"{t.full_prefill_ms:.0f} ms")
 
 
@@ -171,10 +218,10 @@ def same_answer(comparison: Comparison) -> str:
     if skip == full:
         return "The same answer as full decoding, token for token."
     n = common_prefix(skip, full)
+    same = "the first token is the same" if n == 1 else f"the first {n} tokens are the same"
     if n == min(len(skip), len(full)):
-        return f"One answer stops sooner; their first {n} tokens are the same."
-    return (f"The answers part at token {n}: the first {n} tokens are the same." if n else
-            "The answers differ from the first token.")
+        return f"One answer stops sooner; {same}."
+    return f"The answers part at token {n + 1}: {same}." if n else "The answers differ from the first token."
 
 
 def headline_html(comparison: Comparison | None, running: bool) -> str:
@@ -184,18 +231,37 @@ def headline_html(comparison: Comparison | None, running: bool) -> str:
         return '<div class="sd-headline"><div class="sd-verdict">Running…</div></div>'
     name = "Verified" if comparison.verified else "SkipDecode"
     if running:
-        counts = [f"{name}: {len(comparison.skip.token_ids)} tokens"]
+        counts = [f"{name}: {tokens(len(comparison.skip.token_ids))}"]
         if comparison.full:
             counts.append(f"full decoding: {len(comparison.full.token_ids)}")
         return f'<div class="sd-headline"><div class="sd-verdict">Running… {", ".join(counts)}</div></div>'
     t = timing.of(comparison)
     verdict = t.words(name) if t else "not timed"
-    kind = t.verdict if t else "short"
+    kind, same = t.verdict if t else "short", same_answer(comparison)
+    fallen = broken(comparison)
+    if fallen:  # the speed of an answer that has fallen apart is no result: that comes first, and no "faster"
+        ppl, kind = comparison.quality["perplexity"], "broken"
+        verdict = (f"{name}'s answer has fallen apart: the full model finds it {fallen:,.0f}× less likely than its "
+                   "own")
+        same = (f"Perplexity {ppl['skipdecode']:,.0f} against {ppl['full']:,.2f}; its speed"
+                + (f", {t.end_to_end:.2f}× full decoding's to the whole answer," if t and t.end_to_end else "")
+                + f" buys nothing here. {same}")
     detail = (f"Per decoded token {_x(t.decode)}, prefill {t.skip_prefill_ms:.0f} ms vs {t.full_prefill_ms:.0f} ms; "
               f"spread: {t.spread()}." if t and t.decode else "")
     return (f'<div class="sd-headline sd-{kind}"><div class="sd-verdict">{html.escape(verdict[0].upper() + verdict[1:])}'
-            f'</div><div class="sd-same">{html.escape(same_answer(comparison))}</div>'
+            f'</div><div class="sd-same">{html.escape(same)}</div>'
             f'<div class="sd-detail">{html.escape(detail)}</div></div>')
+
+
+def broken(comparison: Comparison) -> float | None:
+    """How many times less likely the full model finds the SkipDecode answer than its own (the ratio of their
+    perplexities under it), where that is past results.BROKEN: the answer has fallen apart (word salad). None
+    where it has not, where nothing is scored yet, and for verified decoding (its answer is full depth's)."""
+    ppl = (comparison.quality or {}).get("perplexity") or {}
+    skip, full = ppl.get("skipdecode"), ppl.get("full")
+    if comparison.verified or not skip or not full:
+        return None
+    return skip / full if skip / full > BROKEN else None
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -233,18 +299,32 @@ def quality_html(comparison: Comparison | None) -> str:
 
 
 def status_markdown(comparison: Comparison | None, running: bool) -> str:
+    """The run's details in plain words (which model each side ran and why, how the requests were batched, the
+    schedule, the decoding), then the weights, kernels and batch numbers in a fold for developers."""
     if comparison is None or comparison.skip is None:
         return "Waiting for the batcher…" if running else ""
     skip, full = comparison.skip, comparison.full
     sched = comparison.schedule
-    where = (f"SkipDecode ran in **batch #{skip.batch.number}** ({_rows(skip.batch.size)}), full decoding in "
-             f"**batch #{full.batch.number}** ({_rows(full.batch.size)})." if full else "")
-    plan = (f"Schedule: budget {sched.max_budget} → {sched.min_budget} of {sched.num_layers} layers over "
-            f"{sched.horizon} positions, {sched.warmup} warm-up, {sched.decay} decay, mode {sched.mode}. "
-            f"Decoding: {safe(comparison.decoding)}.")
-    state = "Running…" if running else "Done."
-    models = _models((comparison.model, comparison.full_model), comparison.why, comparison.dtypes)
-    return f"{state} {models} {where} {plan}  \n<small>{TIMING_NOTE}</small>"
+    where = (f"SkipDecode ran as {_rows(skip.batch.size)}, full decoding as {_rows(full.batch.size)}." if full else "")
+    plan = (f"Schedule: {sched.max_budget} of {sched.num_layers} layers a token at first, down to {sched.min_budget} "
+            f"over {sched.horizon} positions ({sched.decay} decay), the bottom {sched.warmup} always run (warm-up), "
+            f"mode {sched.mode}. Decoding: {safe(comparison.decoding)}.")
+    state = "Running…" if running else "Stopped." if comparison.stopped else "Done."
+    labels, why = (comparison.model, comparison.full_model), comparison.why
+    batches = (f" SkipDecode ran in batch #{skip.batch.number}, full decoding in batch #{full.batch.number}." if full
+               else "")
+    developers = (f"\n\n<details><summary>For developers: weights, kernels and batches</summary>\n\n"
+                  f"{_models(labels, why, comparison.dtypes)}{batches}\n\n</details>")
+    return f"{state} {_plain_models(labels, why)} {where} {plan}  \n<small>{TIMING_NOTE}</small>{developers}"
+
+
+def _plain_models(labels: tuple[str, str], why: tuple[str, str]) -> str:
+    """Which model each side ran and why, in words: 'the general-3x adapter (a general prompt at 3x)'."""
+    names = [safe(model_name(label)) for label in labels]  # a replayed file's model names are anyone's
+    if why == ("chosen", "chosen"):
+        return f"Model: **{names[0]}**, on both sides (chosen in the settings)."
+    reasons = [safe(reason.split(": ", 1)[-1]) for reason in why]
+    return f"SkipDecode: **{names[0]}** ({reasons[0]}); full decoding: **{names[1]}** ({reasons[1]})."
 
 
 def _models(labels: tuple[str, str], why: tuple[str, str], dtypes: tuple[str, ...] = ()) -> str:
@@ -283,9 +363,11 @@ def compare_figures(comparison: Comparison):
         return budget, layer_map, plots.empty_figure("Full decoding decoded nothing after the first token")
     t = timing.of(comparison)
     name = "verified" if comparison.verified else "SkipDecode"
+    title = t.words(name) if t else None
+    if t and t.end_to_end and broken(comparison):  # no "faster" over word salad here either
+        title = f"{name} {t.end_to_end:.2f}× the speed, on an answer that has fallen apart"
     return budget, layer_map, plots.latency_figure(timing.token_frame(comparison.skip.trace),
-                                                   timing.token_frame(comparison.full.trace),
-                                                   t.words(name) if t else None, name)
+                                                   timing.token_frame(comparison.full.trace), title, name)
 
 
 # ---- KV cache -----------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_latency_figure_counts_both_prefills_alike_and_agrees_with_the_cards():
     expected = [10 * 4 / 6, 10 * 3 / 6, 10 * 2 / 6, 10 * 2 / 6]
     assert per_token["SkipDecode"] == pytest.approx(expected, abs=1e-3)  # the trace keeps ms to 4 decimals
     cumulative = {t.name: list(t.y) for t in fig.data if t.xaxis == "x2"}
-    assert cumulative["full decoding"] == [5.0, 15.0, 25.0, 35.0, 45.0]  # token 0 is the prefill's 5 ms
+    assert cumulative["full decoding"] == [5.0, 15.0, 25.0, 35.0, 45.0]  # token 1 is the prefill's 5 ms
     # the headline's ratio is the ratio of the two curves' ends: both count their prefill once
     assert t.full_ms == cumulative["full decoding"][-1] and t.skip_ms == pytest.approx(cumulative["SkipDecode"][-1])
     assert t.end_to_end == pytest.approx(45.0 / (5 + sum(expected)), abs=1e-3)
@@ -430,3 +430,71 @@ def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect
     assert "one call to the C library" in words and "each row at its own position and budget" in words
     assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs a token's layers in one "
                                           "call to the C library, each layer's whole work in C instead."]
+
+
+def test_the_headline_figure_lies_in_the_spread_it_states_when_one_side_runs_on():
+    """The figure and its spread come from the same turns: those that decoded the tokens both sides reached. A side
+    that runs on (here SkipDecode, slower past full decoding's end) adds none of its later turns to either."""
+    fast_then_slow = timed([5.0] * 40 + [50.0] * 40)
+    full = timed([10.0] * 40)
+    t = timing.timing(side(fast_then_slow), side(full), timing.turns(side(fast_then_slow)), timing.turns(side(full)))
+    assert t.tokens == 41 and t.turns == 40
+    assert t.end_to_end == pytest.approx((50 + 400) / (50 + 200), abs=1e-3) and t.decode == pytest.approx(2.0)
+    assert t.low <= t.end_to_end <= t.high and t.decode_low <= t.decode <= t.decode_high
+    rng = np.random.default_rng(3)  # skewed, uneven runs: the figure never falls outside its own spread
+    for seed in range(40):
+        a, b = rng.lognormal(1.5, 0.8, int(rng.integers(4, 90))), rng.lognormal(2.0, 0.8, int(rng.integers(4, 90)))
+        t = timing.timing(side(timed(list(a))), side(timed(list(b))), timing.turns(side(timed(list(a)))),
+                          timing.turns(side(timed(list(b)))), seed=seed)
+        assert t.low <= t.end_to_end <= t.high, (seed, t)
+    short = timing.timing(side(timed([5.0])), side(timed([10.0])), [(5.0, 1)], [(10.0, 1)])
+    assert short.verdict == timing.SHORT and "too short a run to tell" in short.words()
+
+
+def finished(skip_ms, full_ms, perplexity, model="general-3x (fine-tuned for 3x)", full_model="M (base)"):
+    """A finished comparison on hand-made traces, scored with these perplexities (SkipDecode's, full's)."""
+    from app.studio import Comparison
+    from skipdecode.batcher import BatchInfo, Update
+
+    def update(ms):
+        return Update(0, BatchInfo(1, 1, {}, 0.0), [1, 2], list(range(len(ms) + 1)), "text", True, True, timed(ms))
+
+    return Comparison("Why is the sky blue?", model, full_model, L, SCHEDULE, len(skip_ms) + 1,
+                      skip=update(skip_ms), full=update(full_ms),
+                      quality={"skipdecode_vs_full": None, "token_agreement": {"agreement": 0.1, "prefix": 0},
+                               "perplexity": dict(zip(("skipdecode", "full"), perplexity)), "references": None})
+
+
+def test_a_broken_answer_is_said_first_and_never_called_faster():
+    """Past results.BROKEN (the full model finds the SkipDecode answer that many times less likely than its own),
+    the headline says the answer has fallen apart before any speed, and neither it nor the latency chart says
+    "faster"; below it, the same speed is the verdict."""
+    broken = finished([5.0] * 30, [10.0] * 30, (57872.0, 3.1))
+    headline = views.headline_html(broken, running=False)
+    assert "sd-broken" in headline and "faster" not in headline.lower()
+    assert "answer has fallen apart: the full model finds it 18,668× less likely" in headline
+    assert "Perplexity 57,872 against 3.10" in headline
+    latency = views.compare_figures(broken)[2]
+    assert "fallen apart" in latency.layout.title.text and "faster" not in latency.layout.title.text
+    fine = finished([5.0] * 30, [10.0] * 30, (4.0, 3.1))
+    assert "faster to the whole answer" in views.headline_html(fine, running=False)
+    assert views.broken(fine) is None
+
+
+def test_the_side_titles_name_each_model_only_where_the_sides_differ():
+    """An adapter against the base model: each title says which, in plain words (never the model list's nested
+    notes); one model on both sides: no names."""
+    differ = finished([5.0] * 8, [10.0] * 8, (2.0, 1.8))
+    skip, full = views.skip_title_html(differ), views.full_title_html(differ)
+    assert "the general-3x adapter" in skip and "the base model" in full and "fine-tuned" not in skip + full
+    same = finished([5.0] * 8, [10.0] * 8, (2.0, 1.8), full_model="general-3x (fine-tuned for 3x)")
+    assert "sd-side-model" not in views.skip_title_html(same) + views.full_title_html(same)
+    assert views.model_name("e2e-all (fine-tuned for 2x, 3x, 5x)") == "the e2e-all adapter"
+
+
+def test_words_a_person_reads_count_in_the_singular_and_the_plural():
+    run = finished([], [10.0] * 3, (2.0, 1.8))  # SkipDecode's first token, full decoding's fourth
+    run.max_new_tokens = 48
+    assert views.tokens(1) == "1 token" and views.tokens(2) == "2 tokens"
+    assert "SkipDecode: 1 token," in views.headline_html(run, running=True)
+    assert views.progress_label(run) == "Running… 4 of 48 tokens"

@@ -89,3 +89,39 @@ def test_the_record_of_a_run_holds_the_settings_it_ran_not_the_widgets_later(stu
     assert comparison.settings == asked
     record = Lesson(studio).after_compare(comparison)[0]
     assert record["settings"]["speedup"] == 2.0 and record["settings"]["max_new_tokens"] == 3 and record["seed"] == 11
+
+
+def test_stop_ends_both_sides_early_and_scores_what_they_wrote(studio):
+    """Stop (asked after every position) ends the comparison where it stands: marked stopped, done, shorter than
+    asked, and scored on the partial answers, so that it opens like a finished one."""
+    asked = []
+    stream = studio.compare(MR_PROMPT, Settings(speedup=2.0, max_new_tokens=40), AUTO, stop=lambda: len(asked) > 3)
+    for comparison in stream:
+        asked.append(comparison)
+    final = asked[-1]
+    assert final.stopped and final.done and final.quality is not None and final.divergence is not None
+    assert 0 < len(final.skip.token_ids) < 40 and 0 < len(final.full.token_ids) < 40
+    assert len(final.divergence.tokens) == len(final.skip.token_ids)
+
+
+def test_the_page_draws_a_stopped_run_as_stopped_with_run_ready_and_present_open(studio):
+    """Run's stream with Stop pressed after its first drawing: the last update says Stopped over both partial
+    answers, Run reads Run again, and the stopped comparison opens (its record: Present, the marks)."""
+    from app.callbacks import RUN, STREAMED, Callbacks
+    from app.lesson import OPENED, Lesson
+
+    callbacks, stopper = Callbacks(studio), {}
+    inputs = [MR_PROMPT, AUTO, 2.0, 40, "greedy", 0.7, 0.9, 0, 0, False, 20, 6, 2, 0, "linear", "skip", 4, None]
+    labels = []
+    for update in callbacks.stream_compare(*inputs, stopper=stopper):
+        run = update[len(update) - len(STREAMED) + STREAMED.index("run")]
+        labels.append(run.value)
+        if run.value.startswith("Running…"):
+            stopper["stop"] = True  # Stop, as its button does (callbacks.stop_run)
+    assert labels[0] == "Starting…" and labels[-1] == RUN and any(" of 40 tokens" in label for label in labels)
+    fresh = update[len(update) - len(STREAMED) + STREAMED.index("fresh")]
+    assert fresh.stopped and "Stopped" in update[1] and "of 40" in update[1]
+    opened = Lesson(studio).after_compare(fresh)
+    record = opened[OPENED.index("record")]
+    assert record["skipdecode"]["token_ids"] == fresh.skip.token_ids
+    assert opened[OPENED.index("present")].interactive is True

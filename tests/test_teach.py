@@ -67,7 +67,7 @@ def test_marks_are_exactly_where_full_depth_chooses_otherwise(record):
     assert page.count("sd-picked") == 1 and page.count("data-pos=") == TOKENS
     assert page.count("full depth would choose") == len(parted)
     first = record["divergence"]["first"]
-    assert f"They first part at token {first}:" in teach.summary_markdown(record)
+    assert f"They first part at token {first + 1}:" in teach.summary_markdown(record)  # counted from 1
 
 
 def test_the_layer_view_shows_the_run_layers_and_steps_through_them(record, comparison):
@@ -133,7 +133,7 @@ def test_the_lessons_figures_are_those_of_its_shipped_replay_file():
     n, agree = len(found["tokens"]), sum(t["token"] == t["full_token"] for t in found["tokens"])
     first = found["tokens"][found["first"]]
     word = lambda token: lesson["texts"][str(token)].strip()  # noqa: E731
-    assert (f"Here full depth would choose {agree} of SkipDecode's {n} tokens; they part at token {found['first']}, "
+    assert (f"Here full depth would choose {agree} of SkipDecode's {n} tokens; they part at token {found['first'] + 1}, "
             f"where full depth gives \"{word(first['full_token'])}\" {first['full_prob']:.2f} and SkipDecode's "
             f"\"{word(first['token'])}\" {first['skip_prob']:.2f}") in text
     assert f"near tie ({first['full_prob']:.2f} against {first['skip_prob']:.2f})" in text
@@ -148,8 +148,8 @@ def test_the_lessons_figures_are_those_of_its_shipped_replay_file():
     t = timing.of(replay.comparison(lesson))
     assert f'"{t.words()}"' in text and f"{t.decode:.2f}× per decoded token" in text
     assert f"({t.low:.2f}–{t.high:.2f}×)" in text
-    assert f"\"The answers part at token {found['first']}\"" in text
-    assert views.same_answer(replay.comparison(lesson)).startswith(f"The answers part at token {found['first']}")
+    assert f"\"The answers part at token {found['first'] + 1}\"" in text  # people count from 1
+    assert views.same_answer(replay.comparison(lesson)).startswith(f"The answers part at token {found['first'] + 1}")
     assert lesson["settings"]["max_new_tokens"] == 24 and lesson["schedule"]["num_layers"] == 30
     assert skip["text"].count("children friendly") == 1 and "child friendly" in lesson["full"]["text"]
     assert '"It is children friendly" against "It is child friendly"' in text
@@ -165,7 +165,7 @@ def test_the_player_climbs_one_layer_a_tick_and_stops_at_the_top(record):
     top layer is shown; Play again starts from the bottom. The browser test sees it start, climb and pause."""
     from app.lesson import PAUSE, PLAY, Lesson
 
-    lesson, position, top = Lesson(studio=None), teach.default_position(record), record["num_layers"]
+    lesson, position, top = Lesson(studio=None), teach.default_position(record) + 1, record["num_layers"]  # 1-based
     *_, shown, timer, button = lesson.play(record, position, None, PLAY)
     assert shown == 1 and timer.active is True and button.value == PAUSE
     seen = [shown]
@@ -186,7 +186,7 @@ def test_the_player_climbs_one_layer_a_tick_and_stops_at_the_top(record):
 def test_pause_and_a_step_by_hand_stop_the_player_where_it_stands(record):
     from app.lesson import PAUSE, PLAY, Lesson
 
-    lesson, position = Lesson(studio=None), teach.default_position(record)
+    lesson, position = Lesson(studio=None), teach.default_position(record) + 1  # the slider's token, from 1
     view, figure, kept, timer, button = lesson.play(record, position, 4, PAUSE)  # the button reads Pause: pause
     assert kept == 4 and stopped(timer) and button.value == PLAY and view == gr.skip()
     *_, shown, timer, button = lesson.tick(record, position, 4)  # a tick on its way: one layer, still stopped

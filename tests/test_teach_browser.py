@@ -86,11 +86,12 @@ def test_marks_show_where_full_depth_would_choose_otherwise_and_hover_names_its_
 def test_a_clicked_token_shows_layer_by_layer_and_steps_through(teach):
     note = teach.locator("#sd-part-note").inner_text()
     first = __import__("re").search(r"first part at token (\d+)", note)
-    position = int(first.group(1)) if first else 3
+    number = int(first.group(1)) if first else 4  # tokens are counted from 1 on the page, from 0 in data-pos
+    position = number - 1
     teach.locator(f"#sd-skip-output .sd-token[data-pos='{position}']").click()
     teach.wait_for_selector("#sd-lens table", timeout=120_000)
     lens = teach.locator("#sd-lens")
-    assert f"Token {position} " in lens.inner_text()
+    assert f"Token {number} " in lens.inner_text()
     tables = lens.locator("table")
     assert tables.count() == 2 and tables.nth(0).locator("tbody tr").count() == 30
     run = tables.nth(0).locator("tbody tr:not(.sd-skipped)").count()
@@ -147,7 +148,7 @@ def test_export_then_replay_draws_the_same_page_without_a_model(teach, browser, 
     assert record["prompt"] == PROMPT and record["seed"] == 0 and record["settings"]["max_new_tokens"] == TOKENS
     assert record["hardware"]["cpu"] and all(s["ms"] > 0 for s in record["skipdecode"]["trace"]["steps"])
     assert len(record["lens"]["skipdecode"]) == len(record["divergence"]["tokens"])
-    position = int(teach.locator("#sd-position input[type=number]").input_value())
+    position = int(teach.locator("#sd-position input[type=number]").input_value()) - 1  # the slider counts from 1
     teach.click("#sd-next-layer")  # a step first, so that the wait below sees All layers' answer arrive
     teach.wait_for_selector("#sd-lens .sd-now", timeout=10_000)
     teach.click("#sd-all-layers")  # as a pick draws it: every layer, none highlighted
@@ -304,7 +305,7 @@ def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
         assert position != start and ring(page)
         page.keyboard.press("Enter")
         page.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{position}']", timeout=30_000)
-        page.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {position} ").wait_for(timeout=30_000)
+        page.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {position + 1} ").wait_for(timeout=30_000)
         page.wait_for_timeout(500)  # the layer view scrolls into the window
         assert within(page, "#sd-lens-controls", "#sd-lens tbody tr")  # the step buttons, layers 0-29
         assert focused(page) == f"token {position}"  # the redrawn answer keeps the focus on the pick
@@ -318,7 +319,7 @@ def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
         page.keyboard.press("ArrowLeft" if position else "ArrowRight")  # the slider's keys pick as it moves
         moved = position - 1 if position else 1
         page.wait_for_selector(f"#sd-skip-output .sd-picked[data-pos='{moved}']", timeout=30_000)
-        page.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {moved} ").wait_for(timeout=30_000)
+        page.locator("#sd-lens .sd-part-summary").get_by_text(f"Token {moved + 1} ").wait_for(timeout=30_000)
 
         tab_to(page, "sd-next-layer", 3)
         assert ring(page)
