@@ -248,6 +248,7 @@ def headline_html(comparison: Comparison | None, running: bool) -> str:
                 + f" buys nothing here. {same}")
     detail = (f"Per decoded token {_x(t.decode)}, prefill {t.skip_prefill_ms:.0f} ms vs {t.full_prefill_ms:.0f} ms; "
               f"spread: {t.spread()}." if t and t.decode else "")
+    detail = f"{detail} {sharing(comparison) or ''}".strip()
     return (f'<div class="sd-headline sd-{kind}"><div class="sd-verdict">{html.escape(verdict[0].upper() + verdict[1:])}'
             f'</div><div class="sd-same">{html.escape(same)}</div>'
             f'<div class="sd-detail">{html.escape(detail)}</div></div>')
@@ -305,7 +306,8 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
         return "Waiting for the batcher…" if running else ""
     skip, full = comparison.skip, comparison.full
     sched = comparison.schedule
-    where = (f"SkipDecode ran as {_rows(skip.batch.size)}, full decoding as {_rows(full.batch.size)}." if full else "")
+    where = sharing(comparison) or (f"SkipDecode ran as {_rows(skip.batch.size)}, full decoding as "
+                                    f"{_rows(full.batch.size)}." if full else "")
     plan = (f"Schedule: {sched.max_budget} of {sched.num_layers} layers a token at first, down to {sched.min_budget} "
             f"over {sched.horizon} positions ({sched.decay} decay), the bottom {sched.warmup} always run (warm-up), "
             f"mode {sched.mode}. Decoding: {safe(comparison.decoding)}.")
@@ -316,6 +318,21 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
     developers = (f"\n\n<details><summary>For developers: weights, kernels and batches</summary>\n\n"
                   f"{_models(labels, why, comparison.dtypes)}{batches}\n\n</details>")
     return f"{state} {_plain_models(labels, why)} {where} {plan}  \n<small>{TIMING_NOTE}</small>{developers}"
+
+
+def sharing(comparison: Comparison) -> str | None:
+    """How many other visitors' rows shared this comparison's decode steps, in a continuous batch (its steps
+    carry the batch's tick, skipdecode/slots.py); None for batches of one position."""
+    sides = [u for u in (comparison.skip, comparison.full) if u is not None]
+    steps = [s for u in sides for s in u.trace.steps]
+    if not steps or any(s.tick is None for s in steps):
+        return None
+    own = len({u.batch.number for u in sides}) == 1 and len(sides) == 2  # both sides in one batch: 2 own rows
+    others = max(s.rows for s in steps) - (2 if own else 1)
+    if others <= 0:
+        return "No other visitor's answer was decoding meanwhile: its steps ran its own rows alone."
+    return (f"Its steps were shared with up to {others} other {'row' if others == 1 else 'rows'} (other visitors' "
+            "answers), each at its own position and budget.")
 
 
 def _plain_models(labels: tuple[str, str], why: tuple[str, str]) -> str:

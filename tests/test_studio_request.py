@@ -125,3 +125,25 @@ def test_the_page_draws_a_stopped_run_as_stopped_with_run_ready_and_present_open
     record = opened[OPENED.index("record")]
     assert record["skipdecode"]["token_ids"] == fresh.skip.token_ids
     assert opened[OPENED.index("present")].interactive is True
+
+
+def test_the_page_says_how_many_other_visitors_rows_shared_a_comparisons_steps():
+    """A continuous batch's steps carry its tick: the details and the headline say how many rows beyond the
+    comparison's own two shared them; batches of one position keep saying how they were batched."""
+    from app import views
+    from app.studio import Comparison
+    from skipdecode.batcher import BatchInfo, Update
+    from skipdecode.schedule import Schedule
+    from skipdecode.trace import StepRecord, Trace
+
+    def side(rows, tick=0):
+        trace = Trace(4, 1, 3, {}, steps=[StepRecord(0, 4, (0, 1, 2, 3), (), 1.0, n, tick) for n in rows])
+        return Update(0, BatchInfo(7, max(rows), {}, 0.0), [1, 2, 3], [5] * len(rows), "x", True, True, trace)
+
+    comparison = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2, 5, 3]), side([2, 2, 2]))
+    assert "up to 3 other rows (other visitors' answers)" in views.sharing(comparison)
+    assert views.sharing(comparison) in views.status_markdown(comparison, running=False)
+    alone = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2, 2]), side([2]))
+    assert views.sharing(alone).startswith("No other visitor's answer")
+    in_step = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2], None), side([2], None))
+    assert views.sharing(in_step) is None and "requests batched together" in views.status_markdown(in_step, False)
