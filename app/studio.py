@@ -34,7 +34,7 @@ from skipdecode.models import DEFAULT_MODEL
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
-from skipdecode.verify import Verified, draft_tokens_for
+from skipdecode.verify import Verified
 
 from .examples import references_for
 
@@ -495,7 +495,7 @@ class Studio:
             if draft is not None:  # the page names the model that drafts
                 comparison.why = (f"{draft.adapter} drafts instead, trained to read {full_choice.adapter}'s keys and "
                                   f"values", comparison.why[1])
-            engine = Verified(self.engine(draft) if draft else engine, full_engine, draft_tokens_for(kind=kind))
+            engine = Verified(self.engine(draft) if draft else engine, full_engine)
         skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
                                                    Job(full_engine, ids, None, n, sampling, beam=beam)])
         try:

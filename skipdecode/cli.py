@@ -152,7 +152,7 @@ def verified(draft, args, beam, schedule):
     from .adapters import pick_adapter, shared_cache_draft
     from .engine import Engine
     from .models import DEFAULT_MODEL
-    from .verify import Verified, draft_tokens_for
+    from .verify import DRAFT_TOKENS, Verified
 
     if len(args.prompt) != 1 or beam.width > 1:
         raise ValueError("--verify decodes one prompt at a time (batch 1) and does not search beams")
@@ -164,7 +164,7 @@ def verified(draft, args, beam, schedule):
         made = shared_cache_draft(adapter, args.speedup, schedule) if args.speedup is not None else None
         if made is not None:
             draft = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=made)
-    run = Verified(draft, verifier, draft_tokens_for(args.prompt[0]) if args.draft_tokens is None else args.draft_tokens)
+    run = Verified(draft, verifier, DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens)
     drafter = f" (draft adapter {draft.adapter.name})" if draft.adapter is not None else ""
     print(f"[verify] {run.name}{drafter}, up to {run.k} drafts a pass", file=sys.stderr)
     return run
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="verified decoding: the schedule drafts, full depth verifies; the output is full "
                           "decoding's (one prompt)")
     gen.add_argument("--draft-tokens", type=int, default=None,
-                     help="with --verify: drafts per verify pass (default: skipdecode.verify.DRAFT_TOKENS by the kind of prompt)")
+                     help="with --verify: drafts per verify pass (default: skipdecode.verify.DRAFT_TOKENS)")
     gen.set_defaults(func=cmd_generate)
 
     sch = sub.add_parser("schedule", help="print the budget and layers run at each position")

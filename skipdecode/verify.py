@@ -46,18 +46,10 @@ from .schedule import Schedule
 from .shortlist import RequestVocabulary, load as load_shortlist, shortlist_head
 from .trace import StepRecord, Trace
 
-# The most drafts a round makes, by the kind of prompt: chosen by the rule in docs/method.md ("How much to draft")
-# on tuning prompts (experiments/draft_tuning.py, docs/results/draft-tuning-shortlist-2026-11-29.json): k 4 for
-# both, the lowest k within 1% of the best setting. The drafting rules decide how many a round makes.
-DRAFT_TOKENS = {"e2e": 4, "general": 4}
-DEFAULT_DRAFT_TOKENS = DRAFT_TOKENS["general"]
-
-
-def draft_tokens_for(prompt: str | None = None, kind: str | None = None) -> int:
-    """k for a prompt (or a kind already routed): DRAFT_TOKENS by the router's verdict."""
-    from .router import route
-
-    return DRAFT_TOKENS.get(kind or (route(prompt).kind if prompt is not None else "e2e"), DEFAULT_DRAFT_TOKENS)
+# The most drafts a round makes: chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
+# (experiments/draft_tuning.py, docs/results/draft-tuning-shortlist-2026-11-29.json): 4 for E2E and general
+# prompts alike, the lowest k within 1% of the best setting. The drafting rules decide how many a round makes.
+DRAFT_TOKENS = 4
 
 
 ACCEPTED, REPLACED, VERIFIER = "accepted", "replaced", "verifier"  # how each output token came to be
@@ -169,7 +161,7 @@ class Verified:
 
     batch_one = True  # the batcher runs each request as its own batch
 
-    def __init__(self, draft: Engine, verifier: Engine, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    def __init__(self, draft: Engine, verifier: Engine, draft_tokens: int = DRAFT_TOKENS,
                  threshold: float = THRESHOLD, lookup: tuple[int, int] | None = (NGRAM, MIN_NGRAM),
                  costs: Costs | None = None, prefixes: PrefixCache | None = VERIFIED_PREFIXES,
                  shortlist: list[int] | str | None = "adapter"):
@@ -471,5 +463,5 @@ def for_prompt(prompt: str | None, speedup: float, model: str | None = None, dev
     verifier = Engine.load(model, device=device, dtype=dtype, adapter=verify_info)
     at = run_speedup(draft_info, speedup)
     schedule = trained_schedule(draft_info, at, draft.num_layers, horizon)
-    k = draft_tokens_for(prompt, task) if draft_tokens is None else draft_tokens
+    k = DRAFT_TOKENS if draft_tokens is None else draft_tokens
     return Verified(draft, verifier, k), schedule, f"draft: {draft_why}; verifier: {verify_why}"

@@ -88,7 +88,7 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
     decoding again as a case of its own ("full-again"): its ratios to full decoding are this machine's noise,
     the floor under which no per-prompt ratio means anything."""
     from ..prefix import PrefixCache
-    from ..verify import draft_tokens_for
+    from ..verify import DRAFT_TOKENS
 
     rows = []
     for kind, prompts in prompts_by_kind.items():
@@ -98,7 +98,7 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
             cases[("full-again", 1.0, None)] = None
         for s in speedups:
             for k in draft_tokens:
-                k = draft_tokens_for(kind=kind) if k is None else k
+                k = DRAFT_TOKENS if k is None else k
                 run, schedule = loaded[s]
                 cases[("skipdecode-verified", s, k)] = (Verified(run.draft, run.verifier, k, prefixes=None), schedule)
                 if whole_head and run.shortlist:
@@ -286,7 +286,7 @@ def register(subparsers) -> None:
         if func is cmd_bench_verified:
             p.add_argument("--speedups", default="3", help="the drafts' speedups")
             p.add_argument("--draft-tokens", default="auto",
-                           help="k values (drafts a round at most), comma-separated; auto: DRAFT_TOKENS by the kind")
+                           help="k values (drafts a round at most), comma-separated; auto: DRAFT_TOKENS")
             p.add_argument("--repeats", type=int, default=3, help="counted passes over the prompts after a warm-up")
             p.add_argument("--no-prefix-cache", action="store_true",
                            help="every prefill runs the whole prompt (default: each side its own prefix cache)")
@@ -298,5 +298,5 @@ def register(subparsers) -> None:
             p.add_argument("--hf-prompts", type=int, default=8, help="prompts of each set the peer runs (it is slow)")
         else:
             p.add_argument("--speedup", type=float, default=3.0)
-            p.add_argument("--draft-tokens", type=int, default=None, help="default: DRAFT_TOKENS by the kind")
+            p.add_argument("--draft-tokens", type=int, default=None, help="default: DRAFT_TOKENS")
         p.set_defaults(func=func)
