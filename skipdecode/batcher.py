@@ -9,11 +9,11 @@ rows accepting different numbers of drafts would drift apart in position). Batch
 (for instance) a SkipDecode run and its full-decoding baseline see the same machine load. Each request
 gets its own stream of partial results and learns which batch it ran in.
 
-Where an engine runs its layers natively (the CPU default), plain requests (greedy or sampled, any
-schedule) instead join their base model's continuous batch (skipdecode/slots.py) at any step: rows at
+Where an engine runs its layers natively (the CPU default), requests (greedy, sampled or beam search,
+any schedule) instead join their base model's continuous batch (skipdecode/slots.py) at any step: rows at
 different positions, on different schedules and of different adapters over that base share every decode
-step, and a finished row leaves at once. Beam
-searches and verified requests keep the batches of one position described above.
+step, and a finished row leaves at once. Verified requests keep the batches of one position
+described above.
 
 Pure Python and threading: no web framework is imported here.
 """
@@ -33,10 +33,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .beam import Beam
+from .beam import Beam, BeamSearch
 from .sampling import Sampling
 from .schedule import Schedule
-from .slots import Row, Slots, base_of, serves
+from .slots import Beams, Row, Slots, base_of, serves
 from .trace import Trace
 
 DEFAULT_WINDOW_S = 0.05  # how long an idle worker waits for company after the first request arrives
@@ -306,8 +306,7 @@ class Batcher:
 
     def _joins(self, job: Job) -> bool:
         """Whether `job` decodes in its engine's continuous batch (plain decoding on native layers)."""
-        return (self.continuous and job.beam is None and not getattr(job.engine, "batch_one", False)
-                and serves(job.engine))
+        return self.continuous and not getattr(job.engine, "batch_one", False) and serves(job.engine)
 
     def _join(self, request: _Request) -> bool:
         """Hand `request` to its engine's continuous batch (made on first use); False if it fails to join."""
@@ -413,32 +412,38 @@ class _Continuous:
 
     def __init__(self, engine, max_rows: int, number: int):
         self.engine, self.slots = engine, Slots(engine, max_rows)
-        self.waiting: deque[Row] = deque()
+        self.waiting: deque[list[Row]] = deque()  # each request's rows (a beam search's K), joining together
         self.info = BatchInfo(number, 0, {}, time.time())
 
     def admit(self, request: _Request) -> None:
         job = request.job
-        self.waiting.append(Row(request.prompt_ids, job.schedule, 0 if job.states_from is not None else
-                                job.max_new_tokens, job.sampling, job.stop_at_eos, owner=request, engine=job.engine,
-                                states_from=job.states_from))
+        new = 0 if job.states_from is not None else job.max_new_tokens
+        rows = [Row(request.prompt_ids, job.schedule, new, job.sampling, job.stop_at_eos, owner=request,
+                    engine=job.engine, states_from=job.states_from) for _ in range(job.beam.width if job.beam else 1)]
+        if job.beam:
+            Beams(BeamSearch(job.beam, 1, job.engine.eos_ids, job.max_new_tokens, job.engine.decoder.device), rows)
+        self.waiting.append(rows)
 
     def advance(self, lock) -> bool:
         """One step of the continuous batch; False once it holds no row and none waits."""
         now = time.monotonic()
-        for row in (*self.slots.rows, *self.waiting):
+        for row in (*self.slots.rows, *(r for rows in self.waiting for r in rows)):
             request = row.owner
             if request.deadline is not None and now > request.deadline and not request.cancelled:
                 request.cancelled = True
                 request.send(request.timed_out())
             row.cancelled = request.cancelled
         self.slots.drop_finished()
-        self.waiting = deque(r for r in self.waiting if not r.cancelled)
-        while self.waiting and self.slots.room():
-            row = self.waiting.popleft()
+        self.waiting = deque(rows for rows in self.waiting if not rows[0].cancelled)
+        while self.waiting and self.slots.room(len(self.waiting[0])):
+            rows = self.waiting.popleft()
             try:
-                self.slots.add(row)
-            except Exception as error:  # a row that cannot join fails its own request
-                _fail([row.owner], error)
+                for row in rows:
+                    self.slots.add(row)
+            except Exception as error:  # a request that cannot join fails alone
+                _fail([rows[0].owner], error)
+                for row in rows:
+                    row.cancelled = True
         if not self.slots.rows:
             return bool(self.waiting)
         try:
@@ -449,7 +454,7 @@ class _Continuous:
             self.slots = Slots(self.engine, self.slots.max_rows)
             return bool(self.waiting)
         self.info = dataclasses.replace(self.info, size=max(self.info.size, len(self.slots.rows)))
-        for row in moved:
+        for row in {id(r.owner): r.group.rows[0] if r.group else r for r in moved}.values():  # a row a request
             request = row.owner
             if request.cancelled:
                 continue
@@ -457,8 +462,8 @@ class _Continuous:
                                         cache_lengths=list(row.trace.cache_lengths))
             info = BatchInfo(self.info.number, row.shared, row.schedule.to_dict(), self.info.started)
             states = torch.cat(row.states) if row.states_from is not None and row.finished else None
-            request.send(Update(0, info, request.prompt_ids, list(row.token_ids),
-                                row.engine.tokenizer.decode(row.token_ids, skip_special_tokens=True), row.finished,
-                                row.finished, trace,
-                                states=states))
+            tokens = row.group.tokens if row.group else row.token_ids  # a search's: its best hypothesis so far
+            request.send(Update(0, info, request.prompt_ids, list(tokens),
+                                row.engine.tokenizer.decode(tokens, skip_special_tokens=True), row.finished,
+                                row.finished, trace, states=states))
         return True

@@ -29,6 +29,7 @@ import torch
 
 from .cache import cache_dtype
 from .prefix import PrefixCache
+from .beam import BeamSearch
 from .sampling import Sampling, next_tokens
 from .schedule import Schedule
 from .trace import StepRecord, Trace
@@ -71,6 +72,7 @@ class Row:
     # A teacher-forced row (scoring): no new token; the last hidden states of positions from here on are kept
     states_from: int | None = None
     states: list[torch.Tensor] = field(default_factory=list)
+    group: "Beams | None" = None  # a beam search's rows: one prompt, K beams at one position
 
     @property
     def columns(self) -> int:
@@ -79,6 +81,25 @@ class Row:
     @property
     def decoding(self) -> bool:
         return self.prefilled == len(self.prompt_ids) and not self.finished and not self.cancelled
+
+
+class Beams:
+    """The K rows of one beam search (skipdecode/beam.py) in a continuous batch: the first prefills the prompt,
+    whose columns the others then copy; every step the search picks each beam's next token and the beam it
+    continues, and the rows' cache columns past the prompt follow (each row's own layers, the same for all K:
+    one schedule, one position)."""
+
+    def __init__(self, search: BeamSearch, rows: list[Row]):
+        self.search, self.rows = search, rows
+        for row in rows:
+            row.group = row.group or self
+        for row in rows[1:]:
+            row.prefilled = len(row.prompt_ids)  # its prompt's columns come from the first row's prefill
+
+    @property
+    def tokens(self) -> list[int]:
+        """The search's output so far: its best finished hypothesis, else its best running beam."""
+        return self.search.best(0)
 
 
 class SlotCache:
@@ -137,8 +158,8 @@ class Slots:
         self.steps = 0  # decode steps run
 
     # ---- rows joining and leaving --------------------------------------------------------------
-    def room(self) -> bool:
-        return len(self.rows) < self.max_rows
+    def room(self, rows: int = 1) -> bool:
+        return len(self.rows) + rows <= self.max_rows
 
     def add(self, row: Row) -> Row:
         """Take `row` into a free slot (its prefill starts with the next `advance`)."""
@@ -225,7 +246,14 @@ class Slots:
         elif done:
             if self.prefixes is not None:
                 self.prefixes.store(row.engine.decoder, ids, _SlotView(cache, row.slot))
-            self._choose([row], dec.logits(x[:, -1]))
+            if row.group is not None:  # a beam search: every beam starts from the prompt's columns
+                beams = row.group.rows
+                for other in beams[1:]:
+                    cache.data[:, :, other.slot, :, :b] = cache.data[:, :, row.slot, :, :b]
+                    cache.lengths[other.slot] = list(cache.lengths[row.slot])
+                self._choose(beams, dec.logits(x[:, -1]).repeat(len(beams), 1))
+            else:
+                self._choose([row], dec.logits(x[:, -1]))
         row.trace.prefill_ms += (time.perf_counter() - started) * 1000.0
         return done
 
@@ -275,14 +303,39 @@ class Slots:
                                       starts=torch.tensor(starts, dtype=torch.int64), lora=lora)
 
     def _choose(self, rows: list[Row], logits: torch.Tensor) -> None:
-        """Each row's next token from its logits row, by its own sampling and generator."""
+        """Each row's next token from its logits row, by its own sampling and generator; a beam search's rows
+        by their search (`_search`)."""
+        groups = {id(r.group): r.group for r in rows if r.group is not None}
+        for group in groups.values():
+            self._search(group, logits[torch.tensor([rows.index(r) for r in group.rows])])
         greedy = logits.argmax(dim=-1).tolist() if any(r.sampling.greedy for r in rows) else None
         for i, r in enumerate(rows):
+            if r.group is not None:
+                continue
             t = greedy[i] if r.sampling.greedy else int(next_tokens(logits[i:i + 1], r.sampling, r.generator)[0])
             r.token_ids.append(t)
             r.trace.generated_tokens += 1
             r.finished = (r.stop_at_eos and t in r.engine.eos_ids) or len(r.token_ids) == r.max_new_tokens
             if r.finished:
+                r.trace.cache_lengths = list(self.cache.lengths[r.slot])
+
+
+    def _search(self, group: Beams, logits: torch.Tensor) -> None:
+        """One step of a beam search: each beam's next token and the beam it continues, whose cache columns
+        past the prompt its row takes (in place; columns the schedule never ran are not copied)."""
+        _, origin = group.search.step(logits)
+        slots = torch.tensor([r.slot for r in group.rows])
+        source = slots[origin]
+        P = len(group.rows[0].prompt_ids)
+        for layer, length in enumerate(self.cache.lengths[group.rows[0].slot]):
+            if length > P and not torch.equal(source, slots):
+                self.cache.data[layer, :, slots, :, P:length] = self.cache.data[layer, :, source, :, P:length]
+        done = group.search.done
+        for k, r in enumerate(group.rows):
+            r.token_ids = list(group.search.running[0][k])
+            r.trace.generated_tokens += 1
+            r.finished = done
+            if done:
                 r.trace.cache_lengths = list(self.cache.lengths[r.slot])
 
 

@@ -215,3 +215,24 @@ def test_rows_of_different_adapters_over_one_base_share_a_step_each_with_its_own
         from test_compiled import tiny_int4
 
         slots.add(Row(ids, schedule, NEW, engine=tiny_int4(c_kernels=True)))
+
+
+def test_a_beam_search_joins_as_its_beams_rows_and_finds_what_it_finds_alone(engine):
+    """A beam search (3 beams) joins the batcher's continuous batch while a plain row decodes: its rows share
+    the steps, its beams move their cache rows, and its answer is the search's alone; so is the plain row's."""
+    from skipdecode.beam import Beam
+
+    L = engine.num_layers
+    schedule, beam = Schedule(L, 6, 3, warmup=1, horizon=8), Beam(3)
+    searched = engine.generate([prompts()[3]], schedule, max_new_tokens=NEW, beam=beam).token_ids[0]
+    batcher = Batcher()
+    try:
+        plain = batcher.submit(engine, prompts()[1], Schedule.full(L), 30, stop_at_eos=False)
+        next(iter(plain))
+        search = batcher.submit(engine, prompts()[3], schedule, NEW, beam=beam).result()
+        answer = plain.result()
+    finally:
+        batcher.close()
+    assert search.token_ids == searched and search.batch.number == answer.batch.number
+    assert max(s.rows for s in search.trace.steps) == 4  # its three beams and the plain row
+    assert answer.token_ids == alone(engine, prompts()[1], Schedule.full(L), Sampling())[:NEW] + answer.token_ids[NEW:]
