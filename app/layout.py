@@ -237,7 +237,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                               interactive=False, visible=False, elem_id="sd-link", buttons=["copy"])
                 last = gr.State(None)
                 fresh = gr.State(None)  # the comparison a run just drew (None: it refused its input)
-                stopper = gr.State(dict)  # Stop sets it; the running comparison reads it after every position
+                stopper = gr.State({})  # Stop sets it; the running comparison reads it after every position (a
+                # State's value is copied per session; a callable one would add a load event, and an API endpoint)
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
                 player = gr.Timer(PLAY_EVERY_S, active=False)
