@@ -294,12 +294,13 @@ def llama_server_class(args, texts: list[str]) -> dict:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 
-    def post(prompt: str) -> None:
+    def post(prompt: str) -> int:
+        """One answer, stopping at EOS as the Studio's do; the tokens it generated."""
         body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": args.class_tokens,
-                           "temperature": 0, "ignore_eos": True}).encode()
+                           "temperature": 0}).encode()
         request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=args.request_timeout) as answer:
-            json.loads(answer.read())
+            return json.loads(answer.read())["usage"]["completion_tokens"]
 
     runs = {}
     try:
@@ -311,25 +312,27 @@ def llama_server_class(args, texts: list[str]) -> dict:
             except OSError:
                 time.sleep(0.5)
         for answers in (1, 2):
-            def timed(v: int) -> float:
+            def timed(v: int) -> tuple[float, int]:
                 started = time.perf_counter()
                 with ThreadPoolExecutor(answers) as pool:
-                    list(pool.map(post, [texts[v]] * answers))
-                return time.perf_counter() - started
+                    tokens = sum(pool.map(post, [texts[v]] * answers))
+                return time.perf_counter() - started, tokens
 
-            solo = float(np.median([timed(args.visitors + k) for k in range(args.solo)]))
+            solo = float(np.median([timed(args.visitors + k)[0] for k in range(args.solo)]))
             begin = time.monotonic() + 1.0
 
-            def visitor(v: int) -> float:
+            def visitor(v: int) -> tuple[float, int]:
                 time.sleep(max(begin + v * args.spread / args.visitors - time.monotonic(), 0.0))
                 return timed(v)
 
             with ThreadPoolExecutor(args.visitors) as pool:
-                seconds = list(pool.map(visitor, range(args.visitors)))
+                done = list(pool.map(visitor, range(args.visitors)))
+            makespan, seconds = time.monotonic() - begin, [s for s, _ in done]
             p50, p95 = np.percentile(seconds, [50, 95])
             runs[f"{answers} answer{'s' if answers > 1 else ''} a visitor"] = {
                 "solo_s": round(solo, 2), "p50_s": round(float(p50), 2), "p95_s": round(float(p95), 2),
-                "max_s": round(max(seconds), 2), "p95_over_solo": round(float(p95) / solo, 2)}
+                "max_s": round(max(seconds), 2), "p95_over_solo": round(float(p95) / solo, 2),
+                "tokens_per_s": round(sum(t for _, t in done) / makespan, 1)}
     finally:
         server.terminate()
         server.wait(30)
@@ -426,7 +429,7 @@ def report(result: dict) -> None:
                 print("  PROBLEM:", problem)
         for name, run in (result["llama_server"] or {}).items():
             print(f"  llama-server, {name}: solo {run['solo_s']} s; p50 {run['p50_s']} s, p95 {run['p95_s']} s, max "
-                  f"{run['max_s']} s: p95 {run['p95_over_solo']}x solo")
+                  f"{run['max_s']} s: p95 {run['p95_over_solo']}x solo; {run['tokens_per_s']} tokens/s")
     elif result["phase"] == "models":
         print(f"MODELS: {len(result['choices'])} model choices walked twice, then {result['requests'] - 2 * len(result['choices'])} "
               f"at random: {result['requests']} requests, {len(result['problems'])} problems")
