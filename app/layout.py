@@ -128,7 +128,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Column(scale=3):
                         prompt = gr.Textbox(label="Your prompt", lines=3, max_lines=8, elem_id="sd-prompt",
                                             placeholder="Ask anything, or pick an example below")
-                        prompt_note = gr.HTML(elem_id="sd-prompt-note", visible=False, js_on_load=keys.NOTE_JS)  # bad input, said here
+                        # bad input, said beside the prompt
+                        prompt_note = gr.HTML(elem_id="sd-prompt-note", visible=False, js_on_load=keys.NOTE_JS)
                         gr.Examples(examples.all_prompts, inputs=prompt, example_labels=examples.labels,
                                     label="Examples (the restaurant records are also scored against people's own "
                                     "descriptions)", examples_per_page=10, elem_id="sd-examples")
@@ -148,7 +149,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                       visible=replay.LESSON_FILE.exists())  # docs/teaching.md
                             replay_file = gr.UploadButton("Replay a saved comparison…", file_types=[".json"],
                                                           size="sm", elem_id="sd-replay-file")
-                        replay_note = gr.HTML(elem_id="sd-replay-note", js_on_load=keys.NOTE_JS)  # a refused file, said beside it
+                        # a refused file, said beside its button
+                        replay_note = gr.HTML(elem_id="sd-replay-note", js_on_load=keys.NOTE_JS)
                 with gr.Accordion("More settings: model, length, decoding, schedule", open=False,
                                   elem_id="sd-settings"):
                     with gr.Row():
@@ -188,6 +190,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         with gr.Column(scale=5):
                             headline = gr.HTML(elem_id="sd-headline", js_on_load=keys.REVEAL_JS)
                         with gr.Column(scale=1, min_width=150):
+                            stop_here = gr.Button("Stop", elem_id="sd-stop-here", visible=False)  # while it runs
                             present = gr.Button("Present ▶", elem_id="sd-present", interactive=False)
                     with gr.Row(equal_height=False, elem_id="sd-answers"):  # both boxes start at one height
                         with gr.Column():
@@ -318,17 +321,20 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         # what a comparison draws (Callbacks.drawn): a run streams it, a replay draws it at once
         drawn_outputs = [results_box, headline, skip_title, full_title, skip_out, full_out, legend, status, last,
                          charts_box, metrics, quality, budget_plot, layer_plot, latency_plot]
-        streamed = [*drawn_outputs, teach_box, part_note, stop, run, prompt_note, fresh]  # callbacks.STREAMED
+        # callbacks.STREAMED: what a run adds to what it draws
+        streamed = [*drawn_outputs, teach_box, part_note, stop, stop_here, run, prompt_note, fresh]
         events = [trigger(cb.stream_compare, [*compare_inputs, stopper], streamed, api_visibility="private",
                           concurrency_limit=concurrency, concurrency_id="decode", show_progress="hidden")
                   for trigger in (run.click, prompt.submit)]
         for event in events:  # whatever ended the run (an error, a cancel), Run is ready again and Stop is not
-            event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True)), None,
-                       [stop, run], api_visibility="private", queue=False)
+            event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(visible=False),
+                                gr.Button(RUN, interactive=True)), None, [stop, stop_here, run],
+                       api_visibility="private", queue=False)
         # Stop ends the run at its next position, drawn as it stands (on ZeroGPU the run is in another process,
         # which the flag cannot reach: there Stop cancels it)
-        stop.click(stop_run, [stopper], [stop], api_visibility="private", queue=False,
-                   cancels=events if zero_gpu() else None)
+        for button in (stop, stop_here):  # Stop beside Run, and beside the headline while a run shows
+            button.click(stop_run, [stopper], [button], api_visibility="private", queue=False,
+                         cancels=events if zero_gpu() else None)
         # ---- teaching: marks, one position layer by layer, export and replay, presentation ----------
         settings_inputs = [speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual, max_budget,
                            min_budget, warmup, horizon, decay, mode, beams]
