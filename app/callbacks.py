@@ -286,7 +286,8 @@ class Callbacks:
         prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
         with user_errors():
             table = self.studio.throughput(prompts, Settings(speedup=speedup, max_new_tokens=max_new_tokens), model)
-        return gr.Plot(plots.throughput_figure(table), visible=True), gr.Dataframe(table, visible=True)
+        return (gr.Plot(plots.throughput_figure(table), visible=True),
+                gr.Dataframe(views.throughput_table(table), visible=True))
 
     # ---- Results ----------------------------------------------------------------------------
     def results(self):

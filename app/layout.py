@@ -381,6 +381,10 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     trigger_mode="always_last")
         kv_button.click(cb.kv_cache, [last], [kv_plot, kv_note], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")
+        # what each of these buttons draws comes into view once it shows
+        for button, drawn_there in ((kv_button, "#sd-kv-plot .js-plotly-plot"), (batch_run, "#sd-batch-plot"),
+                                    (batch_measure, "#sd-throughput-plot .js-plotly-plot")):
+            button.click(None, js=keys.reveal_js(drawn_there), api_visibility="private")
         batch_run.click(cb.batch, [batch_prompts, model, batch_speedup, batch_tokens],
                         [batch_status, batch_table, batch_plot], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")

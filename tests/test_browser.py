@@ -338,6 +338,9 @@ def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.wait_for_selector("#sd-kv-plot .js-plotly-plot .legend", timeout=120_000)
     text = page.locator("#sd-kv-plot").inner_text()
     assert "SkipDecode: 0 holes" in text and "per-token early exit:" in text
+    page.wait_for_timeout(500)
+    top = page.locator("#sd-kv-plot").bounding_box()["y"]  # the chart that makes the point comes into view
+    assert 0 <= top < page.viewport_size["height"] / 2, top
     screenshot(page, "kv-cache.png")
     page.get_by_role("tab", name="Compare").click()
 
