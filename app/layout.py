@@ -367,17 +367,19 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         lesson_button.click(lesson.replay_lesson, None, replay_outputs, api_visibility="private", queue=False,
                             show_progress="hidden")
         slide_outputs = [slide, slide_plot, slide_index]
-        present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
-        present.click(lambda r: (gr.Tabs(selected="present"), *lesson.slide(r, 0)), [record], [tabs, *slide_outputs],
+        present_tab.select(lambda r, i, c: lesson.slide(r, i, 0, c), [record, slide_index, last], slide_outputs,
+                           api_visibility="private", queue=False)
+        present.click(lambda r, c: (gr.Tabs(selected="present"), *lesson.slide(r, 0, 0, c)), [record, last],
+                      [tabs, *slide_outputs],
                       api_visibility="private", queue=False, js=None)
         present.click(None, js=keys.TO_TOP_JS, api_visibility="private")
         # always_last: a press while the last slide is still drawing (its chart, on a loaded machine) moves on
         # once it is drawn, where the default ("once") dropped it
-        next_slide.click(lambda r, i: lesson.slide(r, i, 1), [record, slide_index], slide_outputs,
+        next_slide.click(lambda r, i, c: lesson.slide(r, i, 1, c), [record, slide_index, last], slide_outputs,
                          api_visibility="private", queue=False, trigger_mode="always_last")
-        previous_slide.click(lambda r, i: lesson.slide(r, i, -1), [record, slide_index], slide_outputs,
+        previous_slide.click(lambda r, i, c: lesson.slide(r, i, -1, c), [record, slide_index, last], slide_outputs,
                              api_visibility="private", queue=False, trigger_mode="always_last")
-        slide.click(lesson.keyed, [record, slide_index], slide_outputs, api_visibility="private", queue=False,
+        slide.click(lesson.keyed, [record, slide_index, last], slide_outputs, api_visibility="private", queue=False,
                     trigger_mode="always_last")
         kv_button.click(cb.kv_cache, [last], [kv_plot, kv_note], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")
