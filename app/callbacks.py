@@ -309,9 +309,11 @@ class Callbacks:
 
 
 def note(table) -> str:
-    """A table's line above it: its file and command, and what its columns need said (results.NOTES)."""
-    extra = NOTES.get(table.name, "") if table.frame is not None else ""
-    return f"{table.message} {extra}".strip()
+    """A table's line above it: what its columns need said (results.NOTES), or that it is not measured yet; its
+    file and the command that writes it in a fold for developers."""
+    said = NOTES.get(table.name, "") if table.frame is not None else f"**Not measured yet** ({table.problem})."
+    return (f"{said}\n\n<details><summary>For developers: where this table comes from</summary>\n\n{table.message}"
+            "\n\n</details>").strip()
 
 
 def _safe_figure(build, frame):

@@ -69,6 +69,8 @@ CSS = """
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
 #sd-status { font-size: .9rem; }
+[id^=sd-results-] table { font-size: .8rem !important; }  /* the Results tables fit a 1280 px window */
+[id^=sd-results-] th, [id^=sd-results-] td { padding-left: 4px !important; padding-right: 4px !important; }
 @media (max-width: 600px) {  /* a phone: columns stack at the window's width, never wider */
   .row { flex-direction: column !important; }
   .column { min-width: 0 !important; width: 100% !important; }
@@ -293,19 +295,19 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                info="grey points; hover one for its name")
                 e2e_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-results-plot")
                 e2e_table = gr.Dataframe(label="E2E quality (test set): what the page serves first", interactive=False,
-                                         visible=False, elem_id="sd-results-table")
+                                         visible=False, wrap=True, elem_id="sd-results-table")
                 beams_note = gr.Markdown()
                 beams_table = gr.Dataframe(label="E2E quality (test set), decoded by beam search of width 4, as the "
                                                  "E2E challenge's systems decoded", interactive=False, visible=False,
-                                           elem_id="sd-results-beams")
+                                           wrap=True, elem_id="sd-results-beams")
                 general_note = gr.Markdown()
                 general_table = gr.Dataframe(label="General prompts (64 held-out chat prompts, 96 new tokens, greedy): "
                                                    "scored against the base model's own full-depth answers",
-                                             interactive=False, visible=False, elem_id="sd-results-general")
+                                             interactive=False, visible=False, wrap=True, elem_id="sd-results-general")
                 bench_note = gr.Markdown()
                 bench_plot = gr.Plot(show_label=False, visible=False)
                 bench_table = gr.Dataframe(label="Speed benchmark", interactive=False, visible=False,
-                                           elem_id="sd-results-bench")
+                                           wrap=True, elem_id="sd-results-bench")
                 refresh = gr.Button("Reload results", size="sm")
 
         # ---- wiring ---------------------------------------------------------------------------------

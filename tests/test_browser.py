@@ -445,4 +445,8 @@ def test_results_tab_draws_the_served_frontier(page):
     shown = bench.inner_text()
     assert shown.index("yes: one request") < shown.index("yes: requests sharing a batch") < \
         shown.index("no: measured for comparison")
+    tab = page.evaluate("() => document.body.innerText")  # what shows: the Results tab (the others are hidden)
+    assert ".csv" not in tab and "skipdecode eval" not in tab  # file names and commands: in folds for developers
+    for table in ("#sd-results-table", "#sd-results-beams", "#sd-results-general", "#sd-results-bench"):
+        assert page.locator(table).evaluate("(e) => e.querySelector('table').scrollWidth <= e.clientWidth + 2"), table
     screenshot(page, "results.png")
