@@ -235,7 +235,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                   scale=1)
                 last = gr.State(None)
                 fresh = gr.State(None)  # the comparison a run just drew (None: it refused its input)
-                stopper = gr.State(dict)  # Stop sets it; the running comparison reads it after every position
+                stopper = gr.State({"stop": False})  # per session (a copy each); Stop sets it, the run reads it
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
                 player = gr.Timer(PLAY_EVERY_S, active=False)
