@@ -122,7 +122,7 @@ RUN = "Run"  # the Run button's label when it can run; while a run goes, it says
 DRAWN = ("results", "headline", "skip_title", "full_title", "skip_out", "full_out", "legend", "status", "last",
          "charts", "metrics", "quality", "budget_plot", "layer_plot", "latency_plot")
 DRAWN_COUNT = len(DRAWN)
-STREAMED = ("teach_box", "part_note", "stop", "run", "prompt_note", "fresh")
+STREAMED = ("teach_box", "part_note", "stop", "stop_here", "run", "prompt_note", "fresh")
 
 
 def stop_run(stopper: dict):
@@ -135,7 +135,8 @@ def stop_run(stopper: dict):
 def refusal(message: str) -> list:
     """stream_compare's answer to bad input: the message beside the prompt, Run ready again, nothing else
     touched (no error status on the results, which stay the last comparison's)."""
-    return [gr.skip()] * (DRAWN_COUNT + 2) + [gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True),
+    return [gr.skip()] * (DRAWN_COUNT + 2) + [gr.Button("Stop", interactive=False), gr.skip(),
+                                              gr.Button(RUN, interactive=True),
                                               gr.update(value=refused(message), visible=True), None]
 
 
@@ -191,7 +192,7 @@ class Callbacks:
         stopper = stopper if stopper is not None else {}
         stopper["stop"] = False
         drawing, reveal = False, f"run-{time.time():.3f}"  # whether this run has drawn yet; its mark on the page
-        yield [gr.skip()] * (DRAWN_COUNT + 3) + [gr.Button("Starting…", interactive=False), gr.skip(), gr.skip()]
+        yield [gr.skip()] * (DRAWN_COUNT + 4) + [gr.Button("Starting…", interactive=False), gr.skip(), gr.skip()]
         try:
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode, beams,
@@ -208,9 +209,10 @@ class Callbacks:
                 sides = [text.pieces(update.token_ids) if update else [] for update, text in
                          zip((comparison.skip, comparison.full), texts)]
                 banner = views.stopped_banner(comparison) if comparison.stopped else ""
-                yield drawn(comparison, *sides, running=not last, banner=banner, reveal=reveal) + [
+                mark = reveal + ("-stopped" if comparison.stopped else "")  # stopped: into view again, as it stands
+                yield drawn(comparison, *sides, running=not last, banner=banner, reveal=mark) + [
                     gr.skip() if drawing else gr.Column(visible=False), gr.skip() if drawing else "",
-                    gr.Button("Stop", interactive=not last),
+                    gr.Button("Stop", interactive=not last), gr.Button("Stop", visible=not last, interactive=not last),
                     gr.Button(RUN, interactive=True) if last else gr.Button(views.progress_label(comparison)),
                     gr.update(value="", visible=False), comparison if last else gr.skip()]
                 drawing = True
@@ -218,7 +220,8 @@ class Callbacks:
             message = message_for(error)
             if drawing:  # this run's answers show: the message goes over them, where the eye is
                 yield [gr.skip(), views.ended_html(message)] + [gr.skip()] * (DRAWN_COUNT - 2) + [
-                    gr.skip(), gr.skip(), gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True),
+                    gr.skip(), gr.skip(), gr.Button("Stop", interactive=False), gr.Button(visible=False),
+                    gr.Button(RUN, interactive=True),
                     gr.skip(), None]
             else:
                 yield refusal(message)
@@ -283,7 +286,8 @@ class Callbacks:
         prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
         with user_errors():
             table = self.studio.throughput(prompts, Settings(speedup=speedup, max_new_tokens=max_new_tokens), model)
-        return gr.Plot(plots.throughput_figure(table), visible=True), gr.Dataframe(table, visible=True)
+        return (gr.Plot(plots.throughput_figure(table), visible=True),
+                gr.Dataframe(views.throughput_table(table), visible=True))
 
     # ---- Results ----------------------------------------------------------------------------
     def results(self):
@@ -305,9 +309,11 @@ class Callbacks:
 
 
 def note(table) -> str:
-    """A table's line above it: its file and command, and what its columns need said (results.NOTES)."""
-    extra = NOTES.get(table.name, "") if table.frame is not None else ""
-    return f"{table.message} {extra}".strip()
+    """A table's line above it: what its columns need said (results.NOTES), or that it is not measured yet; its
+    file and the command that writes it in a fold for developers."""
+    said = NOTES.get(table.name, "") if table.frame is not None else f"**Not measured yet** ({table.problem})."
+    return (f"{said}\n\n<details><summary>For developers: where this table comes from</summary>\n\n{table.message}"
+            "\n\n</details>").strip()
 
 
 def _safe_figure(build, frame):

@@ -102,3 +102,13 @@ requestAnimationFrame(show);
 
 # The Present button: the slides open at the top of the window.
 TO_TOP_JS = "() => { window.scrollTo({top: 0}); }"
+
+
+def reveal_js(selector: str) -> str:
+    """A tab's button (Batch, KV cache): once what it draws (`selector`) shows, it comes into view, its top at the
+    window's top where it was out of the window."""
+    return ("() => { const until = Date.now() + 120000; const go = () => { const e = document.querySelector(SELECTOR); "
+            "const box = e && e.offsetParent ? e.getBoundingClientRect() : null; "
+            "if (box && box.height > 0) { if (box.top < 0 || box.bottom > window.innerHeight) "
+            "e.scrollIntoView({block: 'start'}); return; } if (Date.now() < until) setTimeout(go, 200); }; go(); }"
+            ).replace("SELECTOR", json.dumps(selector))

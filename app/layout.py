@@ -69,6 +69,8 @@ CSS = """
 .sd-quality.sd-empty { padding: .75rem; border: 1px dashed #e2e8f0; border-radius: .6rem; font-size: .9rem; }
 .sd-note { font-size: .8rem; color: #94a3b8; margin-top: .35rem; }
 #sd-status { font-size: .9rem; }
+[id^=sd-results-] table { font-size: .8rem !important; }  /* the Results tables fit a 1280 px window */
+[id^=sd-results-] th, [id^=sd-results-] td { padding-left: 4px !important; padding-right: 4px !important; }
 @media (max-width: 600px) {  /* a phone: columns stack at the window's width, never wider */
   .row { flex-direction: column !important; }
   .column { min-width: 0 !important; width: 100% !important; }
@@ -128,7 +130,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Column(scale=3):
                         prompt = gr.Textbox(label="Your prompt", lines=3, max_lines=8, elem_id="sd-prompt",
                                             placeholder="Ask anything, or pick an example below")
-                        prompt_note = gr.HTML(elem_id="sd-prompt-note", visible=False, js_on_load=keys.NOTE_JS)  # bad input, said here
+                        # bad input, said beside the prompt
+                        prompt_note = gr.HTML(elem_id="sd-prompt-note", visible=False, js_on_load=keys.NOTE_JS)
                         gr.Examples(examples.all_prompts, inputs=prompt, example_labels=examples.labels,
                                     label="Examples (the restaurant records are also scored against people's own "
                                     "descriptions)", examples_per_page=10, elem_id="sd-examples")
@@ -148,7 +151,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                       visible=replay.LESSON_FILE.exists())  # docs/teaching.md
                             replay_file = gr.UploadButton("Replay a saved comparison…", file_types=[".json"],
                                                           size="sm", elem_id="sd-replay-file")
-                        replay_note = gr.HTML(elem_id="sd-replay-note", js_on_load=keys.NOTE_JS)  # a refused file, said beside it
+                        # a refused file, said beside its button
+                        replay_note = gr.HTML(elem_id="sd-replay-note", js_on_load=keys.NOTE_JS)
                 with gr.Accordion("More settings: model, length, decoding, schedule", open=False,
                                   elem_id="sd-settings"):
                     with gr.Row():
@@ -188,6 +192,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         with gr.Column(scale=5):
                             headline = gr.HTML(elem_id="sd-headline", js_on_load=keys.REVEAL_JS)
                         with gr.Column(scale=1, min_width=150):
+                            stop_here = gr.Button("Stop", elem_id="sd-stop-here", visible=False)  # while it runs
                             present = gr.Button("Present ▶", elem_id="sd-present", interactive=False)
                     with gr.Row(equal_height=False, elem_id="sd-answers"):  # both boxes start at one height
                         with gr.Column():
@@ -237,8 +242,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                               interactive=False, visible=False, elem_id="sd-link", buttons=["copy"])
                 last = gr.State(None)
                 fresh = gr.State(None)  # the comparison a run just drew (None: it refused its input)
-                stopper = gr.State({})  # Stop sets it; the running comparison reads it after every position (a
-                # State's value is copied per session; a callable one would add a load event, and an API endpoint)
+                stopper = gr.State({"stop": False})  # per session (a copy each); Stop sets it, the run reads it
                 record = gr.State(None)  # the last comparison as app/replay.py records it (run or replayed)
                 shown_layers = gr.State(None)  # the step-through: layers revealed from the bottom (None: all)
                 player = gr.Timer(PLAY_EVERY_S, active=False)
@@ -298,19 +302,19 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                info="grey points; hover one for its name")
                 e2e_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-results-plot")
                 e2e_table = gr.Dataframe(label="E2E quality (test set): what the page serves first", interactive=False,
-                                         visible=False, elem_id="sd-results-table")
+                                         visible=False, wrap=True, elem_id="sd-results-table")
                 beams_note = gr.Markdown()
                 beams_table = gr.Dataframe(label="E2E quality (test set), decoded by beam search of width 4, as the "
                                                  "E2E challenge's systems decoded", interactive=False, visible=False,
-                                           elem_id="sd-results-beams")
+                                           wrap=True, elem_id="sd-results-beams")
                 general_note = gr.Markdown()
                 general_table = gr.Dataframe(label="General prompts (64 held-out chat prompts, 96 new tokens, greedy): "
                                                    "scored against the base model's own full-depth answers",
-                                             interactive=False, visible=False, elem_id="sd-results-general")
+                                             interactive=False, visible=False, wrap=True, elem_id="sd-results-general")
                 bench_note = gr.Markdown()
                 bench_plot = gr.Plot(show_label=False, visible=False)
                 bench_table = gr.Dataframe(label="Speed benchmark", interactive=False, visible=False,
-                                           elem_id="sd-results-bench")
+                                           wrap=True, elem_id="sd-results-bench")
                 refresh = gr.Button("Reload results", size="sm")
 
         # ---- wiring ---------------------------------------------------------------------------------
@@ -326,17 +330,20 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         # what a comparison draws (Callbacks.drawn): a run streams it, a replay draws it at once
         drawn_outputs = [results_box, headline, skip_title, full_title, skip_out, full_out, legend, status, last,
                          charts_box, metrics, quality, budget_plot, layer_plot, latency_plot]
-        streamed = [*drawn_outputs, teach_box, part_note, stop, run, prompt_note, fresh]  # callbacks.STREAMED
+        # callbacks.STREAMED: what a run adds to what it draws
+        streamed = [*drawn_outputs, teach_box, part_note, stop, stop_here, run, prompt_note, fresh]
         events = [trigger(cb.stream_compare, [*compare_inputs, stopper], streamed, api_visibility="private",
                           concurrency_limit=concurrency, concurrency_id="decode", show_progress="hidden")
                   for trigger in (run.click, prompt.submit)]
         for event in events:  # whatever ended the run (an error, a cancel), Run is ready again and Stop is not
-            event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(RUN, interactive=True)), None,
-                       [stop, run], api_visibility="private", queue=False)
+            event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(visible=False),
+                                gr.Button(RUN, interactive=True)), None, [stop, stop_here, run],
+                       api_visibility="private", queue=False)
         # Stop ends the run at its next position, drawn as it stands (on ZeroGPU the run is in another process,
         # which the flag cannot reach: there Stop cancels it)
-        stop.click(stop_run, [stopper], [stop], api_visibility="private", queue=False,
-                   cancels=events if zero_gpu() else None)
+        for button in (stop, stop_here):  # Stop beside Run, and beside the headline while a run shows
+            button.click(stop_run, [stopper], [button], api_visibility="private", queue=False,
+                         cancels=events if zero_gpu() else None)
         # ---- teaching: marks, one position layer by layer, export and replay, presentation ----------
         step_buttons = [previous_layer, next_layer, play, all_layers]
         # what a finished comparison opens (Lesson.opened): its record, the marks, the layer view's controls
@@ -382,20 +389,26 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         lesson_button.click(lesson.replay_lesson, None, replay_outputs, api_visibility="private", queue=False,
                             show_progress="hidden")
         slide_outputs = [slide, slide_plot, slide_index]
-        present_tab.select(lesson.slide, [record, slide_index], slide_outputs, api_visibility="private", queue=False)
-        present.click(lambda r: (gr.Tabs(selected="present"), *lesson.slide(r, 0)), [record], [tabs, *slide_outputs],
+        present_tab.select(lambda r, i, c: lesson.slide(r, i, 0, c), [record, slide_index, last], slide_outputs,
+                           api_visibility="private", queue=False)
+        present.click(lambda r, c: (gr.Tabs(selected="present"), *lesson.slide(r, 0, 0, c)), [record, last],
+                      [tabs, *slide_outputs],
                       api_visibility="private", queue=False, js=None)
         present.click(None, js=keys.TO_TOP_JS, api_visibility="private")
         # always_last: a press while the last slide is still drawing (its chart, on a loaded machine) moves on
         # once it is drawn, where the default ("once") dropped it
-        next_slide.click(lambda r, i: lesson.slide(r, i, 1), [record, slide_index], slide_outputs,
+        next_slide.click(lambda r, i, c: lesson.slide(r, i, 1, c), [record, slide_index, last], slide_outputs,
                          api_visibility="private", queue=False, trigger_mode="always_last")
-        previous_slide.click(lambda r, i: lesson.slide(r, i, -1), [record, slide_index], slide_outputs,
+        previous_slide.click(lambda r, i, c: lesson.slide(r, i, -1, c), [record, slide_index, last], slide_outputs,
                              api_visibility="private", queue=False, trigger_mode="always_last")
-        slide.click(lesson.keyed, [record, slide_index], slide_outputs, api_visibility="private", queue=False,
+        slide.click(lesson.keyed, [record, slide_index, last], slide_outputs, api_visibility="private", queue=False,
                     trigger_mode="always_last")
         kv_button.click(cb.kv_cache, [last], [kv_plot, kv_note], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")
+        # what each of these buttons draws comes into view once it shows
+        for button, drawn_there in ((kv_button, "#sd-kv-plot .js-plotly-plot"), (batch_run, "#sd-batch-plot"),
+                                    (batch_measure, "#sd-throughput-plot .js-plotly-plot")):
+            button.click(None, js=keys.reveal_js(drawn_there), api_visibility="private")
         batch_run.click(cb.batch, [batch_prompts, model, batch_speedup, batch_tokens],
                         [batch_status, batch_table, batch_plot], api_visibility="private",
                         concurrency_limit=concurrency, concurrency_id="decode")

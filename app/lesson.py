@@ -18,6 +18,7 @@ import gradio as gr
 from . import link, plots, replay, standalone, teach, timing, verified, views
 from .callbacks import DRAWN, for_the_user, refused, user_errors
 from .callbacks import drawn as drawn_view
+from .gpu import zero_gpu
 from .studio import Studio
 
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
@@ -187,9 +188,10 @@ class Lesson:
         return tuple(out) + opened(record)
 
     # ---- presentation -------------------------------------------------------------------------
-    @staticmethod
-    def slide(record, index, move=0):
-        """Slide `index` + `move`: its large-type HTML and its figure (hidden on the text slides)."""
+    def slide(self, record, index, move=0, ran=None):
+        """Slide `index` + `move`: its large-type HTML and its figure (hidden on the text slides). `ran`: the
+        comparison this page ran, whose layer view the lens slide computes if no pick has yet (not on ZeroGPU,
+        where a model runs only in a GPU call: there the slide says to pick a token first)."""
         names = teach.slides(record)
         index = (int(index or 0) + move) % len(names)
         if record is None:
@@ -202,18 +204,30 @@ class Lesson:
         elif name == "divergence":
             figure = teach.divergence_figure(record)
         elif name == "lens":
+            self._lens_for_slides(record, ran)
             figure = (teach.lens_figure(record, teach.default_position(record)) if record.get("lens") else
                       plots.empty_figure("Pick a token on the Compare tab first: the layer view is computed then"))
         elif name == "acceptance":
             why = verified.explain(record["verification"], timing.of(comparison))
         elif name == "answers":  # the verdict, as the headline gives it: a broken answer said first
             why = views.headline_html(comparison, running=False)
-        if figure is not None:
-            figure.update_layout(font=dict(size=18), height=teach.SLIDE_HEIGHT)
+        if figure is not None:  # large type; the legend below the chart, where its rows cannot reach the title
+            figure.update_layout(font=dict(size=18), height=teach.SLIDE_HEIGHT + 60, margin=dict(b=140),
+                                 legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0, xanchor="left"))
         return teach.slide_html(record, index, why), gr.Plot(figure, visible=figure is not None), index
 
-    def keyed(self, record, index, evt: gr.EventData):
-        return self.slide(record, index, int(getattr(evt, "step", 0) or 0))
+    def keyed(self, record, index, ran, evt: gr.EventData):
+        return self.slide(record, index, int(getattr(evt, "step", 0) or 0), ran)
+
+    def _lens_for_slides(self, record, ran) -> None:
+        """The layer view of every position, added to `record` where a pick has not computed it yet and the
+        comparison ran here (a replayed one carries its own)."""
+        if record.get("lens") or ran is None or not ran.done or zero_gpu():
+            return
+        try:
+            replay.add_lenses(record, self.studio.lenses(ran), self.studio.engine(ran.model).tokenizer)
+        except Exception:  # noqa: BLE001: the slide then says to pick a token; the host gets the traceback
+            log.exception("the lens slide could not compute the layer view")
 
 
 # The layout's output lists, by name: what a comparison draws (callbacks.DRAWN) and what a finished one opens.

@@ -31,8 +31,8 @@ FIRST_COLUMNS = {  # what a reader looks for first, in this order; the other col
     "bench": ("method", "speedup", "batch_size", "measured_speedup", "tokens_per_s", "bound"),
 }
 log = logging.getLogger("skipdecode.app")
-INTRO = ("Measured results from `assets/results/`, the figures as the commands wrote them (the tables name their "
-         "columns for reading; the files keep their own names). What this page runs comes first in each table. The "
+INTRO = ("Measured results, the figures as the measurements wrote them (the tables name their columns for "
+         "reading; each table's file and command are in its fold for developers). What this page runs comes first in each table. The "
          "E2E plot draws as a frontier what \"auto\" serves at each speedup; rows of the same run that auto does not "
          "run (an adapter at a speedup it was not trained for, or one passed over for another) are experiments: "
          "after the served rows, and on the plot when the box below is ticked.")

@@ -131,9 +131,14 @@ def legend_html(num_layers: int) -> str:
             f'{stops})"></span><span class="sd-scale-label">{num_layers}</span></div>')
 
 
+def plural(n: int, word: str) -> str:
+    """'1 row', '4 rows'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def tokens(n: int) -> str:
     """'1 token', '37 tokens'."""
-    return f"{n} token" if n == 1 else f"{n} tokens"
+    return plural(n, "token")
 
 
 def model_name(label: str) -> str:
@@ -418,24 +423,38 @@ def batch_cells(run: BatchRun) -> pd.DataFrame:
 
 
 def batch_table(run: BatchRun) -> pd.DataFrame:
+    """The batch's outputs for people: each prompt by its number from 1, both answers, and how many tokens each
+    side wrote."""
     rows = []
     for i, prompt in enumerate(run.prompts):
         skip = run.skip[i] if i < len(run.skip) else None
         full = run.full[i] if i < len(run.full) else None
-        rows.append({"row": i, "prompt": prompt, "SkipDecode": skip.text if skip else "",
+        rows.append({"prompt #": i + 1, "prompt": prompt, "SkipDecode": skip.text if skip else "",
                      "full decoding": full.text if full else "",
-                     "tokens": len(skip.token_ids) if skip else 0})
+                     "SkipDecode tokens": len(skip.token_ids) if skip else 0})
     return pd.DataFrame(rows)
 
 
 def batch_status(run: BatchRun) -> str:
+    """Where a batch stands, in words: the models, each side's rows and its decode speed (the batch numbers stay
+    in the API's answer, for developers)."""
     skip = next((u for u in run.skip if u is not None), None)
     full = next((u for u in run.full if u is not None), None)
     if skip is None:
         return "Waiting for the batcher…"
-    parts = [f"SkipDecode: **batch #{skip.batch.number}**, {skip.batch.size} rows, "
-             f"{skip.trace.decode_tokens_per_s:.0f} decode tokens/s"]
+    parts = [f"SkipDecode: {plural(skip.batch.size, 'row')} in one batch, {skip.trace.decode_tokens_per_s:.0f} "
+             "tokens per second"]
     if full is not None:
-        parts.append(f"full decoding: **batch #{full.batch.number}**, {full.batch.size} rows, "
-                     f"{full.trace.decode_tokens_per_s:.0f} decode tokens/s")
-    return ("Running… " if not run.done else "Done. ") + _models(run.models, run.why) + " " + "; ".join(parts) + "."
+        parts.append(f"full decoding: {plural(full.batch.size, 'row')} in one batch, "
+                     f"{full.trace.decode_tokens_per_s:.0f} tokens per second")
+    return ("Running… " if not run.done else "Done. ") + _plain_models(run.models, run.why) + " " + "; ".join(parts) + "."
+
+
+# The throughput measurement's columns as people read them (studio.Studio.throughput keeps its own names).
+THROUGHPUT = {"batch_size": "batch size (rows)", "method": "method", "tokens_per_s": "decode tokens per second",
+              "ms_per_step": "ms per decode step"}
+
+
+def throughput_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The throughput runs for people: named columns with units, without the batcher's internal batch numbers."""
+    return table[[c for c in THROUGHPUT if c in table.columns]].rename(columns=THROUGHPUT)

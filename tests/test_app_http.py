@@ -244,7 +244,7 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     *_, run = studio.batch(questions, Settings(speedup=2.0, max_new_tokens=4), AUTO)
     assert run.models[1] == studio.base.label and run.why[1] == done.why[1]
     assert [u.token_ids for u in run.full] == served_engine.generate(questions, None, 4).token_ids
-    assert f"full decoding: **{views.safe(studio.base.label)}**" in views.batch_status(run)  # as text in Markdown
+    assert f"full decoding: **{views.safe('the base model')}**" in views.batch_status(run)  # as text in Markdown
     *_, run = studio.batch([prompt], Settings(speedup=3.0, max_new_tokens=6), AUTO)
     assert run.models[0].startswith(skip_adapter.name) and run.models[1].startswith(full_adapter.name)
     assert run.full[0].token_ids == baseline.generate([prompt], None, 6).token_ids[0]

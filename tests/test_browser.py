@@ -322,6 +322,9 @@ def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.wait_for_selector("#sd-kv-plot .js-plotly-plot .legend", timeout=120_000)
     text = page.locator("#sd-kv-plot").inner_text()
     assert "SkipDecode: 0 holes" in text and "per-token early exit:" in text
+    page.wait_for_timeout(500)
+    top = page.locator("#sd-kv-plot").bounding_box()["y"]  # the chart that makes the point comes into view
+    assert 0 <= top < page.viewport_size["height"] / 2, top
     screenshot(page, "kv-cache.png")
     page.get_by_role("tab", name="Compare").click()
 
@@ -330,8 +333,9 @@ STORY = "Write a long story about a dragon and a knight who become friends."
 
 
 def test_stop_mid_run_says_stopped_keeps_both_answers_and_opens_present(page):
-    """At 1280x720: while a 512-token run goes, Run says how far it has got; Stop ends it where it stands, the
-    headline says Stopped over both partial answers (in view), Present opens and Run is ready again."""
+    """At 1280x720: while a 512-token run goes, Run says how far it has got and a Stop shows beside the headline;
+    Stop ends the run where it stands, the headline says Stopped over both partial answers (in view), Present
+    opens and Run is ready again."""
     page.set_viewport_size({"width": 1280, "height": 720})
     try:
         page.fill("#sd-prompt textarea", STORY)
@@ -339,7 +343,8 @@ def test_stop_mid_run_says_stopped_keeps_both_answers_and_opens_present(page):
         page.click("#sd-run")
         page.wait_for_function("() => /Running… ([1-9]\\d*) of 512 tokens/.test(document.querySelector('#sd-run')"
                                ".innerText) && !document.querySelector('#sd-stop').disabled", timeout=120_000)
-        page.click("#sd-stop")
+        assert in_view(page, "#sd-stop-here")  # a Stop where the eye is: beside the running headline
+        page.locator("#sd-stop-here").press("Enter")  # by keyboard: the page does not move to the button
         page.locator("#sd-headline .sd-stopped-badge").wait_for(timeout=120_000)
         page.wait_for_selector("#sd-teach", state="visible", timeout=120_000)
         headline = page.locator("#sd-headline").inner_text()
@@ -348,7 +353,9 @@ def test_stop_mid_run_says_stopped_keeps_both_answers_and_opens_present(page):
         assert 0 < min(counts) and max(counts) < 512, headline
         for side in ("#sd-skip-output", "#sd-full-output"):
             assert page.locator(f"{side} .sd-token").count() > 0 and page.locator(f"{side} .sd-cursor").count() == 0
-        assert in_view(page, "#sd-headline .sd-verdict") and page.locator("#sd-present").is_enabled()
+        for selector in ("#sd-headline .sd-verdict", "#sd-skip-output .sd-token", "#sd-full-output .sd-token"):
+            assert in_view(page, selector), selector  # the stopped comparison in view, as it stands
+        assert page.locator("#sd-present").is_enabled() and not page.locator("#sd-stop-here").is_visible()
         assert page.locator("#sd-run").inner_text() == "Run" and page.locator("#sd-stop").is_disabled()
         screenshot(page.locator("body"), "stopped-1280x720.png", full=False)
         assert details(page).startswith("Stopped.")
@@ -368,7 +375,7 @@ def test_bad_input_after_a_run_is_one_message_beside_the_prompt_with_no_error_ba
             page.locator("#sd-prompt textarea").focus()
             page.click("#sd-run")
             page.locator("#sd-prompt-note").get_by_text(message).wait_for(timeout=120_000)
-            box = page.locator("#sd-prompt textarea").bounding_box()  # a long prompt's box may be taller than the window
+            box = page.locator("#sd-prompt textarea").bounding_box()  # a long prompt's may be taller than the window
             assert in_view(page, "#sd-prompt-note") and box["y"] + box["height"] > 0 and box["y"] < 720
             assert errors_shown(page) == [] and page.locator("#sd-headline").inner_text() == before
             assert page.locator("#sd-run").inner_text() == "Run"
@@ -422,4 +429,8 @@ def test_results_tab_draws_the_served_frontier(page):
     shown = bench.inner_text()
     assert shown.index("yes: one request") < shown.index("yes: requests sharing a batch") < \
         shown.index("no: measured for comparison")
+    tab = page.evaluate("() => document.body.innerText")  # what shows: the Results tab (the others are hidden)
+    assert ".csv" not in tab and "skipdecode eval" not in tab  # file names and commands: in folds for developers
+    for table in ("#sd-results-table", "#sd-results-beams", "#sd-results-general", "#sd-results-bench"):
+        assert page.locator(table).evaluate("(e) => e.querySelector('table').scrollWidth <= e.clientWidth + 2"), table
     screenshot(page, "results.png")

@@ -498,3 +498,25 @@ def test_words_a_person_reads_count_in_the_singular_and_the_plural():
     assert views.tokens(1) == "1 token" and views.tokens(2) == "2 tokens"
     assert "SkipDecode: 1 token," in views.headline_html(run, running=True)
     assert views.progress_label(run) == "Running… 4 of 48 tokens"
+
+
+def test_the_batch_tab_speaks_to_people_without_internal_batch_numbers():
+    """The Batch tab's status, outputs and throughput table: models named plainly, prompts numbered from 1,
+    columns with units, and no batch number the batcher keeps for itself."""
+    from app.studio import BatchRun
+
+    done = finished([5.0] * 4, [10.0] * 4, (2.0, 1.8))
+    run = BatchRun(["a", "b"], SCHEDULE, L, ("e2e-all (fine-tuned for 2x, 3x, 5x)", "e2e-1x (fine-tuned for 1x)"),
+                   ("e2e-all: an E2E meaning representation at 3x", "e2e-1x: an E2E meaning representation at 1x"),
+                   [done.skip, done.skip], [done.full, done.full])
+    status = views.batch_status(run)
+    assert status.startswith(f"Done. SkipDecode: **{views.safe('the e2e-all adapter')}** (an E2E meaning "
+                             "representation at 3x)")  # escaped for Markdown: it shows as written
+    assert "batch #" not in status and "fine-tuned" not in status and "1 row in one batch" in status
+    table = views.batch_table(run)
+    assert list(table.columns) == ["prompt #", "prompt", "SkipDecode", "full decoding", "SkipDecode tokens"]
+    assert list(table["prompt #"]) == [1, 2]
+    measured = pd.DataFrame([{"batch_size": 1, "method": "SkipDecode", "batch": 39, "rows": 1, "tokens_per_s": 50.0,
+                              "ms_per_step": 20.0}])
+    shown = views.throughput_table(measured)
+    assert list(shown.columns) == ["batch size (rows)", "method", "decode tokens per second", "ms per decode step"]

@@ -173,7 +173,8 @@ def refusal(callbacks, kwargs: dict) -> str:
     from app.callbacks import RUN, STREAMED
 
     *_, last = callbacks.stream_compare(*ui_args(kwargs))
-    note, run, fresh = (last[len(last) - len(STREAMED) + STREAMED.index(name)] for name in ("prompt_note", "run", "fresh"))
+    start = len(last) - len(STREAMED)
+    note, run, fresh = (last[start + STREAMED.index(name)] for name in ("prompt_note", "run", "fresh"))
     assert note["visible"] is True and run.value == RUN and run.interactive and fresh is None
     assert all(update == gr.skip() for update in last[:len(last) - len(STREAMED)])  # the results left as they were
     return note["value"]

@@ -2,6 +2,7 @@
 the marks are where full depth chooses otherwise, a replayed record draws the same page, a damaged file
 is refused with a message."""
 
+import copy
 import json
 
 import gradio as gr
@@ -196,3 +197,20 @@ def test_pause_and_a_step_by_hand_stop_the_player_where_it_stands(record):
     for step, want in ((lesson.next_layer, 5), (lesson.previous_layer, 3)):
         *_, shown, timer, button = step(record, position, 4)
         assert shown == want and stopped(timer) and button.value == PLAY
+
+
+def test_every_slide_has_content_straight_after_a_run(record, comparison):
+    """Present opened before any pick: the lens slide computes the layer view of the comparison that ran here (its
+    record then keeps it), and the first slide carries the verdict."""
+    from types import SimpleNamespace
+
+    from app.lesson import Lesson
+
+    studio = SimpleNamespace(lenses=lambda ran: ran.lenses,
+                             engine=lambda label: SimpleNamespace(tokenizer=IdTokenizer()))
+    fresh = {key: value for key, value in copy.deepcopy(record).items() if key != "lens"}
+    lesson, names = Lesson(studio), teach.slides(fresh)
+    html_view, figure, _ = lesson.slide(fresh, names.index("lens"), 0, comparison)
+    assert fresh.get("lens") and figure.visible and "Pick a token" not in str(figure.value)
+    first, _, _ = lesson.slide(fresh, 0, 0, comparison)
+    assert 'class="sd-verdict"' in first and "SkipDecode: the tiny adapter" in first
