@@ -97,7 +97,8 @@ def test_beam_search_over_http_is_the_engines_search_on_both_sides(client, serve
     assert result["full"]["token_ids"] == served_engine.generate([PROMPT], None, TOKENS, beam=beam).token_ids[0]
     assert result["skipdecode"]["token_ids"] == served_engine.generate([PROMPT], schedule, TOKENS, beam=beam).token_ids[0]
     assert result["decoding"].startswith("beam search, 3 beams")
-    assert result["skipdecode"]["trace"]["batch_size"] == 3  # one row per beam
+    # one row per beam, joining the continuous batch together: every step holds the three beams at least
+    assert min(s["rows"] for s in result["skipdecode"]["trace"]["steps"]) >= 3
 
 
 def test_requests_arriving_together_from_different_clients_share_one_batch(url):

@@ -508,8 +508,9 @@ def test_eight_users_at_once_all_get_their_own_correct_answer_in_shared_batches(
     for prompt, result in zip(prompts, results):
         assert result["prompt"] == prompt
         assert result["full"]["token_ids"] == served_engine.generate([prompt], None, 4).token_ids[0]
-    sizes = {r["skipdecode"]["batch"]["number"]: r["skipdecode"]["batch"]["size"] for r in results}
-    assert sum(sizes.values()) == len(prompts) and max(sizes.values()) > 1, sizes
+    # one continuous batch (skipdecode/slots.py) for all of them, steps shared beyond one user's own two rows
+    batches = {r[side]["batch"]["number"] for r in results for side in ("skipdecode", "full")}
+    assert len(batches) == 1 and max(r["skipdecode"]["batch"]["size"] for r in results) > 2, results
 
 
 # ---- the batcher: cancelled rows, stuck workers, broken engines -------------------------------------
