@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from appserver import start  # noqa: E402  (the launcher the HTTP tests use)
+from appserver import free_port, start  # noqa: E402  (the launcher the HTTP tests use)
 
 
 @dataclass
@@ -337,14 +337,6 @@ def llama_server_class(args, texts: list[str]) -> dict:
         server.terminate()
         server.wait(30)
     return runs
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_models(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:

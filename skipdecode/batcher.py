@@ -115,6 +115,12 @@ class _Request:
     def timed_out(self) -> TimeoutError:
         return TimeoutError(TIME_LIMIT_MESSAGE.format(self.limit_s or 0))
 
+    def expire(self, now: float) -> None:
+        """Past its deadline, the request is cancelled and told why (once)."""
+        if self.deadline is not None and now > self.deadline and not self.cancelled:
+            self.cancelled = True
+            self.send(self.timed_out())
+
 
 class Ticket:
     """A submitted request. Iterate it for its updates (the last one has `done` set); errors of its
@@ -256,15 +262,14 @@ class Batcher:
 
     def states(self, engine, ids: Sequence[int], start: int) -> torch.Tensor:
         """The last hidden states [len(ids) - start, d] of one full-depth, teacher-forced pass over `ids`:
-        scoring. On a continuous batch it is a row that joins like a prompt, in chunks beside the decode
-        steps; elsewhere it runs between two positions of the running batches, alone."""
+        scoring, as a row of `engine`'s continuous batch that joins like a prompt, in chunks beside the decode
+        steps (`scores_as_rows`; elsewhere scoring runs alone, under `exclusive`)."""
         if not 0 <= start < len(ids):
             raise ValueError(f"states from position {start} of {len(ids)}")
         job = Job(engine, list(ids), max_new_tokens=1, states_from=start)
-        if self._joins(job):
-            return self.submit_together([job])[0].result().states
-        with self.exclusive():
-            return engine.hidden_states(torch.tensor([list(ids)]))[-1][0, start:]
+        if not self._joins(job):
+            raise ValueError(f"{engine.name} has no continuous batch to score in (scores_as_rows is False)")
+        return self.submit_together([job])[0].result().states
 
     @contextmanager
     def exclusive(self):
@@ -305,7 +310,7 @@ class Batcher:
                     del self._running[key]
 
     def _joins(self, job: Job) -> bool:
-        """Whether `job` decodes in its engine's continuous batch (plain decoding on native layers)."""
+        """Whether `job` decodes in its base's continuous batch (native layers; verified decoding never)."""
         return self.continuous and not getattr(job.engine, "batch_one", False) and serves(job.engine)
 
     def _join(self, request: _Request) -> bool:
@@ -372,9 +377,7 @@ class _Batch:
         """Run one position and publish it to every request; False once the batch is over."""
         now = time.monotonic()
         for request in self.requests:
-            if request.deadline is not None and now > request.deadline and not request.cancelled:
-                request.cancelled = True
-                request.send(request.timed_out())
+            request.expire(now)
         if all(r.cancelled for r in self.requests):
             self.stream.close()
             return False
@@ -387,8 +390,7 @@ class _Batch:
         try:
             with lock:
                 generation = self.generation = next(self.stream)
-            trace = dataclasses.replace(generation.trace, steps=list(generation.trace.steps),
-                                        cache_lengths=list(generation.trace.cache_lengths))
+            trace = _snapshot(generation.trace)
             texts = generation.texts
             verification = getattr(generation, "verification", None)
             verification = verification.to_dict() if verification is not None else None
@@ -428,11 +430,8 @@ class _Continuous:
         """One step of the continuous batch; False once it holds no row and none waits."""
         now = time.monotonic()
         for row in (*self.slots.rows, *(r for rows in self.waiting for r in rows)):
-            request = row.owner
-            if request.deadline is not None and now > request.deadline and not request.cancelled:
-                request.cancelled = True
-                request.send(request.timed_out())
-            row.cancelled = request.cancelled
+            row.owner.expire(now)
+            row.cancelled = row.owner.cancelled
         self.slots.drop_finished()
         self.waiting = deque(rows for rows in self.waiting if not rows[0].cancelled)
         while self.waiting and self.slots.room(len(self.waiting[0])):
@@ -458,12 +457,16 @@ class _Continuous:
             request = row.owner
             if request.cancelled:
                 continue
-            trace = dataclasses.replace(row.trace, steps=list(row.trace.steps),
-                                        cache_lengths=list(row.trace.cache_lengths))
-            info = BatchInfo(self.info.number, row.shared, row.schedule.to_dict(), self.info.started)
+            shared = max((step.rows for step in row.trace.steps), default=1)  # the most rows a step of it held
+            info = BatchInfo(self.info.number, shared, row.schedule.to_dict(), self.info.started)
             states = torch.cat(row.states) if row.states_from is not None and row.finished else None
             tokens = row.group.tokens if row.group else row.token_ids  # a search's: its best hypothesis so far
             request.send(Update(0, info, request.prompt_ids, list(tokens),
                                 row.engine.tokenizer.decode(tokens, skip_special_tokens=True), row.finished,
-                                row.finished, trace, states=states))
+                                row.finished, _snapshot(row.trace), states=states))
         return True
+
+
+def _snapshot(trace: Trace) -> Trace:
+    """A trace as it stands, safe to keep while decoding appends to the original."""
+    return dataclasses.replace(trace, steps=list(trace.steps), cache_lengths=list(trace.cache_lengths))

@@ -66,7 +66,6 @@ class Row:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     cancelled: bool = False
-    shared: int = 1  # the most rows any of this row's steps ran with
     trace: Trace = None
     generator: torch.Generator | None = None
     # A teacher-forced row (scoring): no new token; the last hidden states of positions from here on are kept
@@ -259,7 +258,7 @@ class Slots:
 
     def _step(self, rows: list[Row]) -> None:
         """Each row's last token through the layers of its own schedule at its own position, in one call per
-        run of consecutive layers that the same rows run."""
+        run of layers that the same rows run (`segments`)."""
         dec, cache = self.dec, self.cache
         started = time.perf_counter()
         steps = [len(r.token_ids) - 1 for r in rows]  # generated position each row feeds back
@@ -270,7 +269,7 @@ class Slots:
         x, rope = dec.embed(tokens, positions), dec.rope(positions, limit=max(starts) + 1)
         for i, r in enumerate(rows):
             cache.claim(r.slot, layer_sets[i], starts[i], 1)
-        spent = [0.0] * len(rows)  # the time of the calls each row ran in
+        spent, in_calls = [0.0] * len(rows), 0.0  # the time of the calls each row ran in, and of them all
         for layers, members in segments(layer_sets, dec.num_layers):
             began = time.perf_counter()
             index = torch.tensor(members, device=dec.device)
@@ -282,9 +281,10 @@ class Slots:
                 x = out
             else:
                 x[index] = out
+            took = time.perf_counter() - began
+            in_calls += took
             for i in members:
-                spent[i] += time.perf_counter() - began
-        in_calls = max(spent) if spent else 0.0
+                spent[i] += took
         self._choose(rows, dec.logits(x[:, -1]))
         total = time.perf_counter() - started
         self.steps += 1
@@ -292,7 +292,6 @@ class Slots:
             ms = (spent[i] + total - in_calls) * 1000.0
             r.trace.steps.append(StepRecord(steps[i], len(layer_sets[i]), layer_sets[i],
                                             r.schedule.skipped(steps[i]), ms, len(rows), self.steps - 1))
-            r.shared = max(r.shared, len(rows))
 
     def _call(self, layers, x, rope, mask, rows: list[Row], starts: list[int]) -> torch.Tensor:
         """`layers` on x for `rows` at their own columns, each with its own engine's adapter where they differ."""
