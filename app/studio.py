@@ -31,6 +31,7 @@ from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine, shares_base
 from skipdecode.models import DEFAULT_MODEL
+from skipdecode.request import Request, check
 from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
@@ -460,15 +461,12 @@ class Studio:
             raise ValueError(f"max new tokens must be between 1 and {self.limits.max_new_tokens}; got {n}")
         return prompt, n
 
-    def _encode(self, engine: Engine, prompt: str) -> list[int]:
-        """The checked prompt's token ids, encoded once for the whole request: both sides decode them (every
-        model the studio serves is the base model or an adapter of it, with the base model's tokenizer)."""
-        ids = engine.encode(prompt)
-        if len(ids) > self.limits.max_prompt_tokens:
-            raise ValueError(f"the prompt is {len(ids):,} tokens long; this app takes at most "
-                             f"{self.limits.max_prompt_tokens:,} prompt tokens (the model's context is "
-                             f"{engine.decoder.max_positions:,} tokens)")
-        return ids
+    def _request(self, engine: Engine, prompt: str, schedule: Schedule, n: int, sampling: Sampling,
+                 beam: Beam | None = None, stop_at_eos: bool = True) -> Request:
+        """The request, checked and encoded once (skipdecode/request.py) for the whole run: both sides decode
+        its ids (every model the studio serves is the base model or an adapter of it, with its tokenizer)."""
+        return check(engine, prompt, schedule, n, sampling, stop_at_eos, beam=beam,
+                     max_prompt_tokens=self.limits.max_prompt_tokens)
 
     def compare(self, prompt: str, settings: Settings, model: str | None = None,
                 stop=None) -> Iterator[Comparison]:
@@ -482,7 +480,7 @@ class Studio:
             raise ValueError("verified decoding chooses one token at a time: choose it or beam search, not both")
         kind = kind_of(prompt)
         choice, engine, schedule, sampling, why = self._setup(settings, model, prompt, kind)
-        ids = self._encode(engine, prompt)
+        request = self._request(engine, prompt, schedule, n, sampling, beam)
         full_choice, full_why = self.reference(model, prompt, choice, why, kind)
         full_engine = self.engine(full_choice)
         comparison = Comparison(prompt, choice.label, full_choice.label, engine.num_layers, schedule, n,
@@ -496,8 +494,7 @@ class Studio:
                 comparison.why = (f"{draft.adapter} drafts instead, trained to read {full_choice.adapter}'s keys and "
                                   f"values", comparison.why[1])
             engine = Verified(self.engine(draft) if draft else engine, full_engine)
-        skip, full = self.batcher.submit_together([Job(engine, ids, schedule, n, sampling, beam=beam),
-                                                   Job(full_engine, ids, None, n, sampling, beam=beam)])
+        skip, full = self.batcher.submit_together([Job(engine, request), Job(full_engine, request.at_full_depth())])
         try:
             for comparison.skip, comparison.full in follow([skip, full]):
                 if stop is not None and stop():
@@ -599,17 +596,17 @@ class Studio:
             return quality.exit_layers(scorer(engine), full.prompt_ids, full.token_ids[:limit])
 
     # ---- Batch ------------------------------------------------------------------------------
-    def check_batch(self, engine: Engine, prompts: list[str],
-                    max_new_tokens) -> tuple[list[str], list[list[int]], int]:
-        """(the prompts, checked; their token ids, encoded once; max new tokens)."""
+    def check_batch(self, engine: Engine, prompts: list[str], settings: Settings, schedule: Schedule,
+                    sampling: Sampling, stop_at_eos: bool = True) -> tuple[list[str], list[Request]]:
+        """(the prompts, cleaned; their requests, checked and encoded once)."""
         prompts = [p for p in (prompts or []) if isinstance(p, str) and p.strip()]
         if not prompts:
             raise ValueError("enter at least one prompt, one per line")
         if len(prompts) > self.limits.max_batch_prompts:
             raise ValueError(f"at most {self.limits.max_batch_prompts} prompts in a batch; got {len(prompts)}")
-        checked = [self._check_text(p, max_new_tokens) for p in prompts]
-        prompts = [p for p, _ in checked]
-        return prompts, [self._encode(engine, p) for p in prompts], checked[0][1]
+        checked = [self._check_text(p, settings.max_new_tokens) for p in prompts]
+        return ([p for p, _ in checked],
+                [self._request(engine, p, schedule, n, sampling, stop_at_eos=stop_at_eos) for p, n in checked])
 
     def _setup(self, settings: Settings, model: str | None, prompt: str | None = None,
                kind: str | None = None) -> tuple[ModelChoice, Engine, Schedule, Sampling, str]:
@@ -640,12 +637,11 @@ class Studio:
         first = _one_prompt(prompts)
         kind = kind_of(first)
         choice, engine, schedule, sampling, why = self._setup(settings, model, first, kind)
-        prompts, ids, n = self.check_batch(engine, prompts, settings.max_new_tokens)
+        prompts, requests = self.check_batch(engine, prompts, settings, schedule, sampling)
         full_choice, full_why = self.reference(model, first, choice, why, kind)
         full_engine = self.engine(full_choice)
         run = BatchRun(prompts, schedule, engine.num_layers, (choice.label, full_choice.label), (why, full_why))
-        jobs = ([Job(engine, p, schedule, n, sampling) for p in ids]
-                + [Job(full_engine, p, None, n, sampling) for p in ids])
+        jobs = [Job(engine, r) for r in requests] + [Job(full_engine, r.at_full_depth()) for r in requests]
         tickets = self.batcher.submit_together(jobs)
         try:
             for updates in follow(tickets):
@@ -662,15 +658,14 @@ class Studio:
         every row decodes the same number of tokens).
         The sizes run one after another within one time limit for the whole measurement."""
         choice, engine, schedule, sampling, _ = self._setup(settings, model, _one_prompt(prompts))
-        _, ids, n = self.check_batch(engine, prompts, settings.max_new_tokens)
+        _, requests = self.check_batch(engine, prompts, settings, schedule, sampling, stop_at_eos=False)
         deadline = time.monotonic() + self.limits.time_limit_s
         rows = []
         for size in sizes:
             if size > self.limits.max_batch_prompts:
                 break
-            batch = [ids[i % len(ids)] for i in range(size)]
-            jobs = ([Job(engine, p, schedule, n, sampling, stop_at_eos=False) for p in batch]
-                    + [Job(engine, p, None, n, sampling, stop_at_eos=False) for p in batch])
+            batch = [requests[i % len(requests)] for i in range(size)]
+            jobs = [Job(engine, r) for r in batch] + [Job(engine, r.at_full_depth()) for r in batch]
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the measurement ran past its time limit and was stopped")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import numbers
 import queue
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .beam import Beam, BeamSearch
+from .request import Request, check
 from .sampling import Sampling
 from .schedule import Schedule
 from .slots import Beams, Row, Slots, base_of, serves
@@ -48,18 +48,19 @@ TIME_LIMIT_MESSAGE = "the request ran past its time limit ({:g} s) and was stopp
 
 @dataclass(frozen=True)
 class Job:
-    """One prompt to decode. Jobs with equal engine, schedule, token limit and sampling (or beam search)
-    can share a batch. With `beam` (width > 1) the job takes `width` rows of its batch, its beams."""
+    """One checked request (skipdecode/request.py) for one engine. Jobs with equal engine and settings can
+    share a batch of one position; a beam search's job takes one row of its batch per beam."""
 
     engine: object
-    prompt: str | Sequence[int]
-    schedule: Schedule | None = None  # None: full decoding
-    max_new_tokens: int = 64
-    sampling: Sampling = Sampling()
-    stop_at_eos: bool = True
-    chat: bool | None = None
-    beam: Beam | None = None
+    request: Request
     states_from: int | None = None  # teacher-forced (scoring): no new token, the last hidden states from here
+
+    @classmethod
+    def of(cls, engine, prompt, schedule: Schedule | None = None, max_new_tokens: int = 64,
+           sampling: Sampling = Sampling(), stop_at_eos: bool = True, chat: bool | None = None,
+           beam: Beam | None = None) -> "Job":
+        """A job for `prompt`, checked here (skipdecode/request.py: ValueError on bad input)."""
+        return cls(engine, check(engine, prompt, schedule, max_new_tokens, sampling, stop_at_eos, chat, beam))
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,6 @@ class Update:
 @dataclass(eq=False)
 class _Request:
     job: Job
-    prompt_ids: list[int]
     signal: threading.Condition  # shared by the requests submitted together, so one reader can follow them
     deadline: float | None
     limit_s: float | None = None  # the time limit the deadline came from, for the message
@@ -102,10 +102,13 @@ class _Request:
     cancelled: bool = False
 
     @property
+    def prompt_ids(self) -> list[int]:
+        return list(self.job.request.prompt_ids)
+
+    @property
     def key(self):
-        j = self.job
-        alone = id(self) if getattr(j.engine, "batch_one", False) else None  # verified decoding: batch 1
-        return (id(j.engine), j.schedule, j.max_new_tokens, j.sampling, j.stop_at_eos, j.beam, alone)
+        alone = id(self) if getattr(self.job.engine, "batch_one", False) else None  # verified decoding: batch 1
+        return id(self.job.engine), self.job.request.settings(), alone
 
     def send(self, item) -> None:
         with self.signal:
@@ -208,12 +211,13 @@ class Batcher:
     def submit(self, engine, prompt, schedule: Schedule | None = None, max_new_tokens: int = 64,
                sampling: Sampling = Sampling(), chat: bool | None = None, stop_at_eos: bool = True,
                beam: Beam | None = None) -> Ticket:
-        return self.submit_together([Job(engine, prompt, schedule, max_new_tokens, sampling, stop_at_eos, chat,
-                                         beam)])[0]
+        return self.submit_together([Job.of(engine, prompt, schedule, max_new_tokens, sampling, stop_at_eos, chat,
+                                            beam)])[0]
 
     def submit_together(self, jobs: Sequence[Job], time_limit_s: float | None = None) -> list[Ticket]:
-        """Queue jobs that start in the same round (and can be followed together). Bad input raises
-        ValueError here, in the caller's thread, so it never reaches a batch shared with others."""
+        """Queue jobs that start in the same round (and can be followed together). Their requests were checked
+        where they were made (Job.of, skipdecode/request.py), in the caller's thread, so bad input never
+        reaches a batch shared with others; here only what this batcher cannot hold is refused."""
         if self._closed:
             raise RuntimeError("the batcher is closed")
         if not jobs:
@@ -221,44 +225,16 @@ class Batcher:
         limit = time_limit_s if time_limit_s is not None else self.time_limit_s
         deadline = time.monotonic() + limit if limit else None
         signal = threading.Condition()
-        requests = [_Request(self._checked(job, self.max_rows), self._encode(job), signal, deadline, limit)
-                    for job in jobs]
+        for job in jobs:
+            if job.request.rows > self.max_rows:
+                raise ValueError(f"at most {self.max_rows} beams (rows of a batch); got {job.request.rows}")
+        requests = [_Request(job, signal, deadline, limit) for job in jobs]
         self._inbox.put(requests)
         return [Ticket(r) for r in requests]
 
-    @staticmethod
-    def _checked(job: Job, max_rows: int) -> Job:
-        engine = job.engine
-        schedule = job.schedule or Schedule.full(engine.num_layers)
-        if schedule.num_layers != engine.num_layers:
-            raise ValueError(f"schedule is for {schedule.num_layers} layers but the model has {engine.num_layers}")
-        n = job.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1; got {n!r}")
-        if not isinstance(job.sampling, Sampling):
-            raise ValueError("sampling must be a skipdecode.Sampling")
-        beam = job.beam
-        if beam is not None and not isinstance(beam, Beam):
-            raise ValueError("beam must be a skipdecode.Beam")
-        if beam is not None and beam.width > max_rows:
-            raise ValueError(f"at most {max_rows} beams (rows of a batch); got {beam.width}")
-        beam = beam if beam is not None and beam.width > 1 else None
-        return dataclasses.replace(job, schedule=schedule, max_new_tokens=int(n), beam=beam)
-
-    @staticmethod
-    def _encode(job: Job) -> list[int]:
-        ids = job.engine.encode(job.prompt, job.chat)
-        if not ids:
-            raise ValueError("prompt is empty")
-        context = job.engine.decoder.max_positions
-        if len(ids) + job.max_new_tokens > context:
-            raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens {job.max_new_tokens} exceeds the "
-                             f"model's context of {context} tokens")
-        return ids
-
     def scores_as_rows(self, engine) -> bool:
         """Whether `states` runs as a row of `engine`'s continuous batch (else it runs alone)."""
-        return self._joins(Job(engine, [0], states_from=0))
+        return self._joins(engine)
 
     def states(self, engine, ids: Sequence[int], start: int) -> torch.Tensor:
         """The last hidden states [len(ids) - start, d] of one full-depth, teacher-forced pass over `ids`:
@@ -266,8 +242,8 @@ class Batcher:
         steps (`scores_as_rows`; elsewhere scoring runs alone, under `exclusive`)."""
         if not 0 <= start < len(ids):
             raise ValueError(f"states from position {start} of {len(ids)}")
-        job = Job(engine, list(ids), max_new_tokens=1, states_from=start)
-        if not self._joins(job):
+        job = Job(engine, check(engine, list(ids), max_new_tokens=1), states_from=start)
+        if not self._joins(engine):
             raise ValueError(f"{engine.name} has no continuous batch to score in (scores_as_rows is False)")
         return self.submit_together([job])[0].result().states
 
@@ -291,14 +267,14 @@ class Batcher:
                 first = self._inbox.get()
                 if first is None:
                     return
-                if not all(self._joins(r.job) for r in first):  # a batch of one position: wait briefly for company
+                if not all(self._joins(r.job.engine) for r in first):  # a batch of one position: wait briefly for company
                     time.sleep(self.window_s)
                 self._waiting.append(first)
                 del first  # idle, this worker must not keep the last request's engine (and its memory) alive
             self._waiting += self._drain()
             groups, self._waiting = self._waiting, []
             for group in groups:  # continuous requests join now; the rest wait for a place among the batches
-                later = [r for r in group if not (self._joins(r.job) and self._join(r))]
+                later = [r for r in group if not (self._joins(r.job.engine) and self._join(r))]
                 if later:
                     self._waiting.append(later)
             if len(active) < self.max_active and self._waiting:
@@ -309,9 +285,9 @@ class Batcher:
                 if not running.advance(self._lock):
                     del self._running[key]
 
-    def _joins(self, job: Job) -> bool:
-        """Whether `job` decodes in its base's continuous batch (native layers; verified decoding never)."""
-        return self.continuous and not getattr(job.engine, "batch_one", False) and serves(job.engine)
+    def _joins(self, engine) -> bool:
+        """Whether `engine`'s jobs decode in its base's continuous batch (native layers; verified decoding never)."""
+        return self.continuous and not getattr(engine, "batch_one", False) and serves(engine)
 
     def _join(self, request: _Request) -> bool:
         """Hand `request` to its engine's continuous batch (made on first use); False if it fails to join."""
@@ -346,11 +322,10 @@ class Batcher:
                 by_key.setdefault(request.key, []).append(request)
         batches = []
         for requests in by_key.values():
-            beam = requests[0].job.beam
-            per_batch = self.max_rows // beam.width if beam else self.max_rows
+            per_batch = self.max_rows // requests[0].job.request.rows
             for start in range(0, len(requests), per_batch):
                 chunk = requests[start: start + per_batch]
-                info = BatchInfo(next(self._numbers), len(chunk), chunk[0].job.schedule.to_dict(), time.time())
+                info = BatchInfo(next(self._numbers), len(chunk), chunk[0].job.request.schedule.to_dict(), time.time())
                 self.history.append(info)
                 try:
                     batches.append(_Batch(chunk, info))
@@ -368,9 +343,7 @@ def _fail(requests: list[_Request], error: BaseException) -> None:
 class _Batch:
     def __init__(self, requests: list[_Request], info: BatchInfo):
         self.requests, self.info = requests, info
-        job = requests[0].job
-        self.stream = job.engine.stream([r.prompt_ids for r in requests], job.schedule, job.max_new_tokens,
-                                        job.sampling, stop_at_eos=job.stop_at_eos, beam=job.beam)
+        self.stream = requests[0].job.engine.run([r.job.request for r in requests])
         self.generation = None
 
     def advance(self, lock) -> bool:
@@ -418,12 +391,12 @@ class _Continuous:
         self.info = BatchInfo(number, 0, {}, time.time())
 
     def admit(self, request: _Request) -> None:
-        job = request.job
-        new = 0 if job.states_from is not None else job.max_new_tokens
-        rows = [Row(request.prompt_ids, job.schedule, new, job.sampling, job.stop_at_eos, owner=request,
-                    engine=job.engine, states_from=job.states_from) for _ in range(job.beam.width if job.beam else 1)]
-        if job.beam:
-            Beams(BeamSearch(job.beam, 1, job.engine.eos_ids, job.max_new_tokens, job.engine.decoder.device), rows)
+        job, asked = request.job, request.job.request
+        new = 0 if job.states_from is not None else asked.max_new_tokens
+        rows = [Row(request.prompt_ids, asked.schedule, new, asked.sampling, asked.stop_at_eos, owner=request,
+                    engine=job.engine, states_from=job.states_from) for _ in range(asked.rows)]
+        if asked.beam:
+            Beams(BeamSearch(asked.beam, 1, job.engine.eos_ids, asked.max_new_tokens, job.engine.decoder.device), rows)
         self.waiting.append(rows)
 
     def advance(self, lock) -> bool:

@@ -12,7 +12,6 @@ static step runs each layer as one compiled graph (skipdecode/compiled.py; $SKIP
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from .beam import Beam, BeamSearch
 from .cache import KVCache
 from .prefix import PREFIXES, prefill
 from .prompts import encode_prompt, has_chat_template
+from .request import Request, check
 from .sampling import Sampling, next_tokens
 from .schedule import Schedule
 from .trace import StepRecord, Trace
@@ -177,28 +177,32 @@ class Engine:
                 on_step(generation)
         return generation
 
-    @torch.inference_mode()
     def stream(self, prompts, schedule: Schedule | None = None, max_new_tokens: int = 64,
                sampling: Sampling = Sampling(), chat: bool | None = None,
                stop_at_eos: bool = True, beam: Beam | None = None) -> Iterator[Generation]:
         """Yields the generation after every position. `beam` (width > 1) searches instead of choosing each
         token alone (skipdecode/beam.py): the batch then holds width rows per prompt, and each prompt's
-        output is its best beam (while decoding, its best so far); `sampling` and `stop_at_eos` do not apply."""
+        output is its best beam (while decoding, its best so far); `sampling` and `stop_at_eos` do not apply.
+        The prompts are checked here (skipdecode/request.py), once; `run` takes them as given."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
-        dec, L = self.decoder, self.num_layers
-        policy = schedule if hasattr(schedule, "run") else Scheduled(schedule or Schedule.full(L))
-        if policy.num_layers != L:
-            raise ValueError(f"schedule is for {policy.num_layers} layers but the model has {L}")
-        check_new_tokens(max_new_tokens)
-        encoded = [self.encode(p, chat) for p in prompts]
-        if beam is not None and beam.width > 1:  # each prompt's beams are rows of the batch
-            encoded = [ids for ids in encoded for _ in range(beam.width)]
-        else:
-            beam = None
+        requests = [check(self, p, schedule, max_new_tokens, sampling, stop_at_eos, chat, beam) for p in prompts]
+        return self.run(requests, prompts)
+
+    @torch.inference_mode()
+    def run(self, requests: list[Request], prompts: list | None = None) -> Iterator[Generation]:
+        """Checked requests (skipdecode/request.py) that share their settings, as one batch of one position;
+        `prompts`, what the caller asked (text or ids), are kept in the generation (default: the ids)."""
+        first = requests[0]
+        if any(r.settings() != first.settings() for r in requests):
+            raise ValueError("the requests of one batch share their schedule, token limit, sampling and beam")
+        dec, policy, max_new_tokens, beam = self.decoder, first.schedule, first.max_new_tokens, first.beam
+        policy = policy if hasattr(policy, "run") else Scheduled(policy)
+        prompts = prompts or [list(r.prompt_ids) for r in requests]
+        encoded = [list(r.prompt_ids) for r in requests for _ in range(first.rows)]  # each prompt's beams are rows of the batch
         B, P = len(encoded), max(len(ids) for ids in encoded)
-        width = cache_width(dec, P, max_new_tokens)
+        width = P + max_new_tokens
         device = dec.device
         ids = torch.tensor([[self.pad_id] * (P - len(e)) + e for e in encoded], device=device)
         pads = [P - len(e) for e in encoded]
@@ -209,11 +213,11 @@ class Engine:
         # Without padding the decode steps need no mask at all.
         bias = dec.attention_bias(valid) if any(pads) else None
         static = self._static_step(policy, B, width)
-        cache = static.begin(valid) if static else KVCache(L, B, dec.num_kv_heads, width, dec.head_dim, device,
-                                                           dec.dtype)
+        cache = static.begin(valid) if static else KVCache(self.num_layers, B, dec.num_kv_heads, width,
+                                                           dec.head_dim, device, dec.dtype)
         try:
             yield from self._decode(prompts, encoded, policy, dec, cache, static, ids, valid, bias, width,
-                                    max_new_tokens, sampling, stop_at_eos, beam)
+                                    max_new_tokens, first.sampling, first.stop_at_eos, beam)
         finally:
             if static:
                 self._steps.give(static)
@@ -324,20 +328,6 @@ class Engine:
         token, origin = search.step(logits)
         cache.reorder_rows(origin, prompt_columns)
         return token
-
-
-def check_new_tokens(max_new_tokens) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
-
-
-def cache_width(dec: Decoder, prompt_tokens: int, max_new_tokens: int) -> int:
-    """The cache columns a generation needs: the prompt and every new token, within the model's context."""
-    width = prompt_tokens + max_new_tokens
-    if width > dec.max_positions:
-        raise ValueError(f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                         f"context of {dec.max_positions} tokens")
-    return width
 
 
 def _adapter_info(adapter):

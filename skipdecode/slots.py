@@ -161,16 +161,11 @@ class Slots:
         return len(self.rows) + rows <= self.max_rows
 
     def add(self, row: Row) -> Row:
-        """Take `row` into a free slot (its prefill starts with the next `advance`)."""
-        if row.columns > self.dec.max_positions:
-            raise ValueError(f"prompt of {len(row.prompt_ids)} tokens + max_new_tokens {row.max_new_tokens} exceeds "
-                             f"the model's context of {self.dec.max_positions} tokens")
+        """Take `row` into a free slot (its prefill starts with the next `advance`). The row's request was
+        checked where it entered (skipdecode/request.py); here only what this batch cannot hold is refused."""
         row.engine = row.engine or self.engine
         if not serves(row.engine) or base_of(row.engine) != base_of(self.engine):
             raise ValueError(f"{row.engine.name} is not an adapter of this batch's base ({self.engine.name})")
-        if row.schedule.num_layers != self.dec.num_layers:
-            raise ValueError(f"schedule is for {row.schedule.num_layers} layers but the model has "
-                             f"{self.dec.num_layers}")
         if not self.room():
             raise RuntimeError(f"the continuous batch is full ({self.max_rows} rows)")
         used = {r.slot for r in self.rows}

@@ -38,7 +38,8 @@ import torch
 
 from .cache import KVCache
 from .drafting import PROMPT, SKIPDECODE, THRESHOLD, Costs, Pacing
-from .engine import Engine, Generation, Prompt, Scheduled, cache_width, check_new_tokens
+from .engine import Engine, Generation, Prompt, Scheduled
+from .request import Request, check
 from .lookup import MIN_NGRAM, NGRAM, PromptLookup
 from .prefix import VERIFIED_PREFIXES, PrefixCache, forward, prefill
 from .sampling import Sampling, next_tokens, probabilities
@@ -194,7 +195,6 @@ class Verified:
 
     generate = Engine.generate  # the same loop over `stream` as an engine's
 
-    @torch.inference_mode()
     def stream(self, prompts, schedule: Schedule | None = None, max_new_tokens: int = 64,
                sampling: Sampling = Sampling(), chat: bool | None = None, stop_at_eos: bool = True,
                beam=None) -> Iterator[VerifiedGeneration]:
@@ -204,13 +204,19 @@ class Verified:
             raise ValueError(f"verified decoding runs one prompt at a time (batch 1); got {len(prompts)}")
         if beam is not None and beam.width > 1:
             raise ValueError("verified decoding does not search beams")
-        check_new_tokens(max_new_tokens)
-        L = self.num_layers
-        schedule = schedule or Schedule.full(L)
-        if schedule.num_layers != L:
-            raise ValueError(f"schedule is for {schedule.num_layers} layers but the model has {L}")
-        ids = self.encode(prompts[0], chat)
-        P, width = len(ids), cache_width(self.decoder, len(ids), max_new_tokens)
+        return self.run([check(self, prompts[0], schedule, max_new_tokens, sampling, stop_at_eos, chat)], prompts)
+
+    @torch.inference_mode()
+    def run(self, requests: list[Request], prompts: list | None = None) -> Iterator[VerifiedGeneration]:
+        """One checked request (skipdecode/request.py) as its own batch; `prompts` as in Engine.run."""
+        (request,) = requests
+        if request.beam is not None:
+            raise ValueError("verified decoding does not search beams")
+        prompts = prompts or [list(request.prompt_ids)]
+        L, schedule, max_new_tokens = self.num_layers, request.schedule, request.max_new_tokens
+        sampling, stop_at_eos = request.sampling, request.stop_at_eos
+        ids = list(request.prompt_ids)
+        P, width = len(ids), request.columns
         draft_dec, verify_dec = self.draft.decoder, self.verifier.decoder
         column = Scheduled(schedule)
         costs = self._costs(column)

@@ -57,7 +57,7 @@ def test_requests_submitted_from_several_threads_at_once_share_one_batch(engine,
 
 
 def test_each_request_streams_growing_snapshots_of_its_own_row(engine, batcher):
-    tickets = batcher.submit_together([Job(engine, p, skip_schedule(engine), 6, stop_at_eos=False)
+    tickets = batcher.submit_together([Job.of(engine, p, skip_schedule(engine), 6, stop_at_eos=False)
                                        for p in PROMPTS[:2]])
     seen = [[], []]
     for updates in follow(tickets):
@@ -69,8 +69,8 @@ def test_each_request_streams_growing_snapshots_of_its_own_row(engine, batcher):
 
 
 def test_different_schedules_run_as_separate_batches_interleaved(engine, batcher):
-    skip, full = batcher.submit_together([Job(engine, PROMPTS[0], skip_schedule(engine), 10, stop_at_eos=False),
-                                          Job(engine, PROMPTS[0], None, 10, stop_at_eos=False)])
+    skip, full = batcher.submit_together([Job.of(engine, PROMPTS[0], skip_schedule(engine), 10, stop_at_eos=False),
+                                          Job.of(engine, PROMPTS[0], None, 10, stop_at_eos=False)])
     both_running = False
     for s, f in follow([skip, full]):
         if s is not None and f is not None and not s.done and not f.done and s.token_ids and f.token_ids:
@@ -84,7 +84,7 @@ def test_different_schedules_run_as_separate_batches_interleaved(engine, batcher
 def test_max_rows_splits_a_group(engine):
     batcher = Batcher(window_s=0.2, max_rows=3)
     try:
-        tickets = batcher.submit_together([Job(engine, p, None, 3) for p in PROMPTS])
+        tickets = batcher.submit_together([Job.of(engine, p, None, 3) for p in PROMPTS])
         finals = [None] * len(tickets)
         for finals in follow(tickets):
             pass
@@ -94,8 +94,8 @@ def test_max_rows_splits_a_group(engine):
 
 
 def test_sampling_settings_are_part_of_the_batch_key(engine, batcher):
-    greedy, sampled = batcher.submit_together([Job(engine, PROMPTS[0], None, 4),
-                                               Job(engine, PROMPTS[1], None, 4, Sampling(0.8, seed=1))])
+    greedy, sampled = batcher.submit_together([Job.of(engine, PROMPTS[0], None, 4),
+                                               Job.of(engine, PROMPTS[1], None, 4, Sampling(0.8, seed=1))])
     finals = None
     for finals in follow([greedy, sampled]):
         pass
@@ -106,7 +106,7 @@ def test_beam_searches_batch_by_rows_and_equal_searching_alone(engine):
     batcher = Batcher(window_s=0.2, max_rows=6)
     try:
         beam, schedule = Beam(3), skip_schedule(engine)
-        jobs = [Job(engine, p, schedule, 6, beam=beam) for p in PROMPTS[:3]] + [Job(engine, PROMPTS[3], schedule, 6)]
+        jobs = [Job.of(engine, p, schedule, 6, beam=beam) for p in PROMPTS[:3]] + [Job.of(engine, PROMPTS[3], schedule, 6)]
         finals = None
         for finals in follow(batcher.submit_together(jobs)):
             pass
@@ -138,7 +138,7 @@ class BrokenEngine:
     def __init__(self, engine):
         self.num_layers, self.decoder, self.encode = engine.num_layers, engine.decoder, engine.encode
 
-    def stream(self, *args, **kwargs):
+    def run(self, *args, **kwargs):
         raise RuntimeError("out of memory")
         yield
 
@@ -168,8 +168,8 @@ class CountingEngine:
         self.engine, self.positions = engine, 0
         self.num_layers, self.decoder, self.encode = engine.num_layers, engine.decoder, engine.encode
 
-    def stream(self, *args, **kwargs):
-        for generation in self.engine.stream(*args, **kwargs):
+    def run(self, *args, **kwargs):
+        for generation in self.engine.run(*args, **kwargs):
             self.positions += 1
             yield generation
 
