@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .schedule import SPREAD
+from ..schedule import SPREAD
 
 ADAPTERS_ENV = "SKIPDECODE_ADAPTERS"
 NONE = ("none", "base", "")  # names that mean: no adapter
@@ -57,7 +57,7 @@ class AdapterInfo:
 
 
 def adapters_dir() -> Path:
-    return Path(os.environ.get(ADAPTERS_ENV) or Path(__file__).resolve().parent.parent / "assets" / "adapters")
+    return Path(os.environ.get(ADAPTERS_ENV) or Path(__file__).resolve().parents[2] / "assets" / "adapters")
 
 
 def read_adapter(path: Path) -> AdapterInfo:
@@ -107,7 +107,7 @@ def adapter_ref(info: AdapterInfo) -> str:
 def same_base(a: str, b: str) -> bool:
     """The Hub's SmolLM2-135M-Instruct is the model the bundled GGUF quantizes to 4 bits: an adapter
     trained on one applies to the other (measured here on the bundled copy only)."""
-    from .models import DEFAULT_HUB_ID, DEFAULT_MODEL
+    from ..models import DEFAULT_HUB_ID, DEFAULT_MODEL
 
     alias = {DEFAULT_HUB_ID: DEFAULT_MODEL}
     return alias.get(a, a) == alias.get(b, b)
@@ -129,7 +129,7 @@ def pick_adapter(speedup: float | None, base_model: str | None = None, prompt: s
     test set, docs/research/e2e-train-split.md), at their own speedups 64-65. `eval` scores the speedup asked.
     `speedup` None means hand-set budgets: a one-for-all adapter of the task. `task` ("e2e" or "general")
     stands for the router's verdict where the kind is known without a prompt (`eval --prompts`)."""
-    from .models import DEFAULT_MODEL
+    from ..models import DEFAULT_MODEL
     from .router import E2E, route
 
     kind = task or (E2E if prompt is None else route(prompt).kind)
@@ -233,7 +233,7 @@ def trained_schedule(info: AdapterInfo | None, speedup: float, num_layers: int, 
     """The schedule `info` learned for `speedup`: its horizon, warm-up layers, decay, mode and spread
     (`horizon` and `warmup` override). An adapter decodes on the plan it was trained with, not on the
     defaults; full depth at 1x. Without an adapter: the E2E defaults."""
-    from .schedule import DEFAULT_WARMUP, E2E_HORIZON, Schedule, for_speedup
+    from ..schedule import DEFAULT_WARMUP, E2E_HORIZON, Schedule, for_speedup
 
     if speedup == 1:
         return Schedule.full(num_layers)

@@ -1,11 +1,11 @@
-"""The 4-bit products with int8 activations, as llama.cpp computes them: skipdecode/q8.c (built and loaded
-by skipdecode/native.py).
+"""The 4-bit products with int8 activations, as llama.cpp computes them: skipdecode/kernels/w4a8.c (built and loaded
+by skipdecode/kernels/native.py).
 
 PyTorch's int4 kernel (q4.Int4Linear) rounds each product's inputs to bfloat16 and the blocks' scales too,
 and on this project's CPU it took about 4 ms of a 7.7 ms full-depth step (docs/research/cpu-4bit-kernels.md). llama.cpp
 quantizes the activations to int8 per block of 32 (Q8_1) and multiplies them with the 4-bit codes in
 integer instructions (VNNI). This kernel does the same on the GGUF's Q4_1 blocks byte for byte (their
-float16 scale and minimum exact), and keeps every row's bits whatever the batch (q8.c says how).
+float16 scale and minimum exact), and keeps every row's bits whatever the batch (w4a8.c says how).
 
 $SKIPDECODE_KERNEL chooses: "auto" (this kernel where it builds, else PyTorch's), "q8" (this kernel, or an
 error saying why not), "bf16" (PyTorch's int4 kernel on bfloat16 inputs).
@@ -18,7 +18,7 @@ import os
 import torch
 
 from .native import library
-from .transformer import lora_term
+from ..transformer import lora_term
 
 GROUP = 32  # weights per GGUF block (q4.GROUP): q4 imports this module, so it is not imported from there
 
@@ -44,11 +44,11 @@ def chosen() -> bool:
     return found.lib is not None
 
 
-ROWS, UNIT = 16, 320  # weight rows interleaved per unit of the layout; bytes of one block of a unit (q8.c)
+ROWS, UNIT = 16, 320  # weight rows interleaved per unit of the layout; bytes of one block of a unit (w4a8.c)
 
 
 def layout(blocks) -> torch.Tensor:
-    """q4.Q4Blocks in the kernel's layout (q8.c): [units, blocks, UNIT] bytes. Per unit of 16 weight rows and
+    """q4.Q4Blocks in the kernel's layout (w4a8.c): [units, blocks, UNIT] bytes. Per unit of 16 weight rows and
     block of 32 inputs, four runs of 64 bytes (run i: each row's codes 4i..4i+3 in the low nibbles and
     4i+16..4i+19 in the high ones, 4 bytes a row), then the 16 rows' d and m as float16 (exact: the file's own
     float16 values). Rows past the last one, up to a multiple of 16, are zero blocks."""
@@ -67,7 +67,7 @@ def layout(blocks) -> torch.Tensor:
     return torch.cat((runs.reshape(units, nb, 256), *scales), dim=-1).contiguous()
 
 
-class Q8Linear:
+class W4A8Linear:
     """y = x W^T (+ (x A) B) with W as the GGUF's Q4_1 blocks and x quantized to int8 per block of 32 inside
     the kernel. Inputs and outputs float32; the LoRA term (transformer.lora_term) stays float32."""
 
@@ -82,7 +82,7 @@ class Q8Linear:
         self.isa = self.lib.q8_isa().decode()  # the instructions its build runs on
 
     @classmethod
-    def of(cls, blocks) -> "Q8Linear":
+    def of(cls, blocks) -> "W4A8Linear":
         """From q4.Q4Blocks."""
         return cls(layout(blocks), *blocks.codes.shape)
 
@@ -99,15 +99,15 @@ class Q8Linear:
             y = lora_term(y, x, *self.lora)
         return y.view(*shape[:-1], self.out_features)
 
-    def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> "Q8Linear":
-        return Q8Linear(self.packed, self.out_features, self.in_features, (a, b), self.lib)
+    def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> "W4A8Linear":
+        return W4A8Linear(self.packed, self.out_features, self.in_features, (a, b), self.lib)
 
-    def rows(self, start: int) -> "Q8Linear":
+    def rows(self, start: int) -> "W4A8Linear":
         """Outputs start.. only (a view of whole units: `start` a multiple of 16)."""
         if start % ROWS:
             raise ValueError(f"the int8 layout splits only at a multiple of {ROWS} rows")
         lora = None if self.lora is None else (self.lora[0], self.lora[1][:, start:])
-        return Q8Linear(self.packed[start // ROWS:], self.out_features - start, self.in_features, lora, self.lib)
+        return W4A8Linear(self.packed[start // ROWS:], self.out_features - start, self.in_features, lora, self.lib)
 
     @property
     def nbytes(self) -> int:

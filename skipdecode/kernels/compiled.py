@@ -3,7 +3,7 @@
 Eager PyTorch spends a 4-bit decode step mostly on calling some 45 small operators a layer
 (docs/research/cpu-4bit-kernels.md, "What is left after the products"). Inductor fuses them into a few C++
 loops around the int4 kernel's four calls. The compiled function is the static step's layer
-(skipdecode/graphs.py: fixed-width cache, the column as a tensor, the whole width under a mask) with the
+(skipdecode/kernels/cuda_graphs.py: fixed-width cache, the column as a tensor, the whole width under a mask) with the
 layer's weights as ARGUMENTS, not constants: one graph per batch size, cache width and LoRA pattern then
 serves every layer, so SkipDecode's layer subsets, every adapter on the shared base and every position replay
 the same few graphs without recompiling.
@@ -23,9 +23,9 @@ import threading
 
 import torch
 
-from .models import cache_dir
+from ..models import cache_dir
 from .native import found
-from .transformer import Block, Decoder
+from ..transformer import Block, Decoder
 
 COMPILE_ENV = "SKIPDECODE_COMPILE"  # auto (today: the eager step, see AUTO_EAGER), on, off
 SETTINGS = ("auto", "on", "off")
@@ -35,7 +35,7 @@ OPTIONS = {"cpp_wrapper": True}  # the graph's calls from C++ instead of Python 
 # and slower at batch 16 (36.9-39.5 against 28.3-31.9 ms), and costs 19-29 s of compiling on a cold start
 # (docs/research/compiled-step.md). A host whose CPU it pays on sets SKIPDECODE_COMPILE=on.
 AUTO_EAGER = "the compiled step did not pay on the CPU measured (SKIPDECODE_COMPILE=on compiles it)"
-# The int8 kernel and the C attention (skipdecode/native.py) are ctypes calls that dynamo cannot trace; by
+# The int8 kernel and the C attention (skipdecode/kernels/native.py) are ctypes calls that dynamo cannot trace; by
 # measurement they gain more than compiling did (docs/research/cpu-4bit-kernels.md,
 # "The int8 kernel and row-exact attention").
 NATIVE_EAGER = ("the compiled step traces PyTorch's int4 kernel, not the C kernels "

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import native
-from .transformer import lora_term  # the unmerged LoRA term, each row's bits its own (both kernels use it)
+from ..transformer import lora_term  # the unmerged LoRA term, each row's bits its own (both kernels use it)
 
 GROUP = 32  # weights per GGUF block, along the input
 INT4 = "int4"  # the dtype name that asks for this path ($SKIPDECODE_DTYPE or --dtype)
@@ -142,22 +142,22 @@ class Int4Linear:
 
 
 def product(blocks: Q4Blocks, activations: torch.dtype = ACTIVATIONS):
-    """The product a matrix of blocks runs on: the int8-activation kernel (skipdecode/q8.py) when
+    """The product a matrix of blocks runs on: the int8-activation kernel (skipdecode/kernels/w4a8.py) when
     $SKIPDECODE_KERNEL picks it and it builds, else PyTorch's int4 kernel on `activations`."""
-    from . import q8
+    from . import w4a8
 
-    if activations == ACTIVATIONS and q8.chosen():
-        return q8.Q8Linear.of(blocks)
+    if activations == ACTIVATIONS and w4a8.chosen():
+        return w4a8.W4A8Linear.of(blocks)
     return Int4Linear.of(blocks, activations)
 
 
 def q8_why() -> str:
     """Why the int8 kernel is not running, as a clause for the weights' label ("" when it was not asked)."""
-    from . import q8
+    from . import w4a8
 
-    if q8.setting() == "bf16":
-        return f": {q8.KERNEL_ENV}=bf16"
-    reason = q8.library().reason
+    if w4a8.setting() == "bf16":
+        return f": {w4a8.KERNEL_ENV}=bf16"
+    reason = w4a8.library().reason
     return f": {reason}" if reason else ""
 
 
@@ -207,6 +207,15 @@ class GGUFWeights:
                         for kind, lin in zip(("qkv", "out", "up", "down"), linears))
                   for linears, layer in zip(self.blocks, factors)]
         return GGUFWeights(blocks, self.head, f"{self.label}; LoRA unmerged", name, self.attention)
+
+    @staticmethod
+    def fused_layers(dec) -> "native.Layers | None":
+        """Every layer of `dec` in one C call (native.Layers) where its every product is the int8 kernel's
+        (w4a8.W4A8Linear says native_layer) beside the C attention; else None."""
+        linears = [lin for b in dec.blocks for lin in (b.qkv, b.out, b.up, b.down)]
+        if dec.attention_kernel is None or dec.rotary is None or not all(getattr(l, "native_layer", False) for l in linears):
+            return None
+        return native.Layers(dec, linears[0].lib)
 
 
 def read_gguf(path: Path, config, embedding: torch.Tensor, activations: torch.dtype = ACTIVATIONS) -> GGUFWeights:
@@ -295,7 +304,7 @@ def chosen(name: str | None, device: torch.device, dtype) -> bool:
     under "auto"); "auto" otherwise picks it on a CPU for the bundled model, with any adapter: every served
     one scores within what a path may cost on it (docs/research/cpu-4bit-kernels.md, "Quality"). Any other
     dtype, float32 for one, is the dequantized path."""
-    from .models import DEFAULT_MODEL, DTYPE_ENV
+    from ..models import DEFAULT_MODEL, DTYPE_ENV
 
     if dtype in (None, "auto"):
         dtype = os.environ.get(DTYPE_ENV, "").strip() or "auto"
@@ -315,9 +324,9 @@ def load_base(activations: torch.dtype = ACTIVATIONS):
     with or without an adapter, shares the packed matrices and the Hugging Face model (config, tokenizer,
     norms, RoPE, the float32 embedding; its own float32 matrices stay in the file's memory map, unread
     by decoding)."""
-    from .models import default_gguf, load_model
+    from ..models import default_gguf, load_model
 
-    from .q8 import setting
+    from .w4a8 import setting
 
     key = (activations, setting())  # $SKIPDECODE_KERNEL: the bench loads one base per kernel it compares
     with _LOCK:

@@ -17,7 +17,7 @@ nothing. Per-token policies (peers.EarlyExit) decide per row and run eagerly.
 
 On a CPU the same static step runs without capture (`capture=False`): that is how the tests check, on any
 machine, that the graphed step's math decodes exactly what the eager step decodes. There a layer may run
-as a compiled graph instead (skipdecode/compiled.py, `compiled`): the same buffers, one graph for every layer.
+as a compiled graph instead (skipdecode/kernels/compiled.py, `compiled`): the same buffers, one graph for every layer.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from collections import OrderedDict
 
 import torch
 
-from .cache import KVCache, cache_dtype
-from .transformer import Decoder
+from ..cache import KVCache, cache_dtype
+from ..transformer import Decoder
 
 MIN_WIDTH = 256  # cache widths are rounded up to a power of two from here, so prompts share graphs
 # ... and from here on a CPU, where attention over the whole width costs in proportion to it (a graph per
-# width is compiled once and cached on disk: skipdecode/compiled.py)
+# width is compiled once and cached on disk: skipdecode/kernels/compiled.py)
 MIN_CPU_WIDTH = 64
 MAX_STEPS = 4  # static steps kept per engine (each holds a KV cache of its batch x width) ...
 MAX_CACHE_BYTES = 1 << 30  # ... and their caches together at most this (one step alone may be larger)

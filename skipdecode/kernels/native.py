@@ -1,4 +1,4 @@
-"""The CPU path's C kernels (q8.c: the 4-bit products on int8 activations; attention.c: float32 attention
+"""The CPU path's C kernels (w4a8.c: the 4-bit products on int8 activations; attention.c: float32 attention
 with row-exact sums; layer.c: whole decoder layers in one call; topk.c: the head screen's best tokens), built once per CPU and compiler with the
 host's C compiler into the model cache ($SKIPDECODE_CACHE/kernels) and called through ctypes. A host with no
 compiler, or where the build fails, runs PyTorch's kernels and says why (`Library.reason`, in the weights'
@@ -19,9 +19,9 @@ from typing import Sequence
 
 import torch  # first: its libgomp.so.1 is the one the kernels' OpenMP threads then share
 
-from .models import cache_dir
+from ..models import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("q8.c", "attention.c", "layer.c", "topk.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.c", "attention.c", "layer.c", "topk.c")]
 HEADERS = [Path(__file__).with_name("kernels.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -186,7 +186,7 @@ class _Call(ctypes.Structure):
 
 class Layers:
     """A llama-family decoder's layers on the int8 kernel, each layer (or a list of them) in one native call
-    (layer.c): what `Decoder.block` and `Decoder.run_layers` run when every product is a q8.Q8Linear. Holds
+    (layer.c): what `Decoder.block` and `Decoder.run_layers` run when every product is a q8.W4A8Linear. Holds
     the layers' weights as C structs, built once; the tensors they point into stay referenced here."""
 
     def __init__(self, dec, lib: ctypes.CDLL):

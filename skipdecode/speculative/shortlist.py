@@ -54,7 +54,7 @@ class ShortlistHead:
     (q4.RescoredHead) over those rows, elsewhere those rows of the float matrix."""
 
     def __init__(self, dec, ids: Iterable[int]):
-        from .q4 import RescoredHead
+        from ..kernels.q4 import RescoredHead
 
         head = dec.lm_head
         vocab = dec.embed_tokens.shape[0]
@@ -63,7 +63,7 @@ class ShortlistHead:
             self.exact, self.bias = head.exact, None
             self.head = RescoredHead(head.exact, rescore=min(head.rescore, len(self.ids)), rows=self.ids)
         else:
-            from .transformer import Linear
+            from ..transformer import Linear
 
             self.exact, self.bias = head.weight, head.bias
             self.head = Linear(head.weight[self.ids].contiguous(),

@@ -1,6 +1,6 @@
 /* Decoder layers of the llama family in one call: RMSNorm, the fused query/key/value product, RoPE, the KV
    cache write, attention, the output product and its residual, RMSNorm, the gate/up product, SiLU(gate) * up,
-   the down product and its residual; each product's input quantized to int8 once (q8.c), its LoRA term (the
+   the down product and its residual; each product's input quantized to int8 once (w4a8.c), its LoRA term (the
    served adapter's, unmerged) added in float32.
 
    Eager PyTorch spent about 2 ms of a 5.6 ms step around the products (docs/speed.md): some 45 operator
@@ -10,7 +10,7 @@
    barrier between phases.
 
    Bits: every value of a row is computed from that row alone in a fixed order (the norm's sum in 16 lanes
-   then halves, the products as q8.c, the LoRA sums in index order, the attention as attention.c, elementwise
+   then halves, the products as w4a8.c, the LoRA sums in index order, the attention as attention.c, elementwise
    functions the same whether a loop is vectorized or not): a row has the same bits alone, in a batch, in a
    prefill and in a verify pass. Built with -ffp-contract=off. */
 
@@ -23,7 +23,7 @@
 #define SPAN 64 /* outputs a LoRA span covers: the outputs of 4 units, what product() hands a thread at a time */
 
 typedef struct {
-    const uint8_t *w; /* the Q4_1 blocks in q8.c's layout */
+    const uint8_t *w; /* the Q4_1 blocks in w4a8.c's layout */
     int64_t n, k;     /* outputs, inputs */
     const float *a;   /* LoRA: a [k, rank], b [rank, n] (the scale folded into b); a NULL: none */
     const float *b;
@@ -86,7 +86,7 @@ static void swiglu(const float *gate, const float *up, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + exp_any(-gate[i])) * up[i];
 }
 
-/* Vectors of VW floats for the LoRA terms: AVX-512 where built for it, else AVX2 (q8.c needs AVX2 and FMA). A
+/* Vectors of VW floats for the LoRA terms: AVX-512 where built for it, else AVX2 (w4a8.c needs AVX2 and FMA). A
    masked lane reads 0 and is never stored; every stored lane runs fmaf's single-rounding steps. */
 #ifdef __AVX512F__
 typedef __m512 vf;
@@ -170,7 +170,7 @@ static void lora_out(const Product *p, const float *xa, int64_t n0, int64_t n1, 
     }
 }
 
-/* A product's input rows quantized (q8.c), and their LoRA xa; `x` holds the float rows they came from */
+/* A product's input rows quantized (w4a8.c), and their LoRA xa; `x` holds the float rows they came from */
 typedef struct {
     float *x, *xa;
     int8_t *q;

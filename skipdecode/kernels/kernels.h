@@ -1,4 +1,4 @@
-/* What the C kernels share (q8.c: the 4-bit products; attention.c; layer.c: a decoder layer in one call). */
+/* What the C kernels share (w4a8.c: the 4-bit products; attention.c; layer.c: a decoder layer in one call). */
 #ifndef SKIPDECODE_KERNELS_H
 #define SKIPDECODE_KERNELS_H
 

@@ -5,7 +5,7 @@
    w = d_w q_w + m_w) and the activation block quantized here as llama.cpp's Q8_1 (d_x = max |x| / 127,
    q_x = round(x / d_x), s_x = d_x sum q_x; d_x and s_x kept in float32).
 
-   Layout (skipdecode/q8.py writes it from the file's blocks, every value exact): the weight rows in units of
+   Layout (skipdecode/kernels/w4a8.py writes it from the file's blocks, every value exact): the weight rows in units of
    ROWS = 16, each unit block by block. One block of a unit is UNIT = 320 bytes: 256 bytes of codes, then the
    16 rows' float16 d, then their float16 m. The codes are four runs of 64 bytes, run i holding for each of the
    16 rows (4 bytes a row) codes 4i..4i+3 of the block in the low nibbles and codes 4i+16..4i+19 in the high

@@ -8,9 +8,9 @@ scratch that the verify pass overwrites (the cache is cut back to the kept colum
 no draft prefill, no catch-up pass and no second cache.
 
 A round: drafts (the skipped model's, one position at a time, and copies from the prompt: skipdecode/
-lookup.py), then ONE verifier pass over the last kept token and the drafts (a small prefill at those cache
+prompt_lookup.py), then ONE verifier pass over the last kept token and the drafts (a small prefill at those cache
 columns), which keeps the drafts it agrees with plus its own next token. How much to draft, and when to
-run plain full-depth steps instead, is skipdecode/drafting.py's (the confidence stop, the cost cap, the
+run plain full-depth steps instead, is skipdecode/speculative/drafting.py's (the confidence stop, the cost cap, the
 fallback with probes). Greedy output is full decoding's, token for token, where a pass over several
 positions rounds as one position does: on the 4-bit path it does (row-exact products and attention, the
 row-exact LoRA term q4.lora_term; `skipdecode verify-check`). Sampling accepts a draft with probability
@@ -36,15 +36,15 @@ from typing import Iterator
 
 import torch
 
-from .cache import KVCache
+from ..cache import KVCache
 from .drafting import PROMPT, SKIPDECODE, THRESHOLD, Costs, Pacing
-from .engine import Engine, Generation, Prompt, Scheduled, cache_width, check_new_tokens
-from .lookup import MIN_NGRAM, NGRAM, PromptLookup
-from .prefix import VERIFIED_PREFIXES, PrefixCache, forward, prefill
-from .sampling import Sampling, next_tokens, probabilities
-from .schedule import Schedule
+from ..engine import Engine, Generation, Prompt, Scheduled, cache_width, check_new_tokens
+from .prompt_lookup import MIN_NGRAM, NGRAM, PromptLookup
+from ..prefix import VERIFIED_PREFIXES, PrefixCache, forward, prefill
+from ..sampling import Sampling, next_tokens, probabilities
+from ..schedule import Schedule
 from .shortlist import RequestVocabulary, load as load_shortlist, shortlist_head
-from .trace import StepRecord, Trace
+from ..trace import StepRecord, Trace
 
 # The most drafts a round makes: chosen by the rule in docs/method.md ("How much to draft") on tuning prompts
 # (experiments/draft_tuning.py, docs/results/draft-tuning-shortlist-2026-11-29.json): 4 for E2E and general
@@ -156,7 +156,7 @@ class Verified:
     prompt; `costs`: the cost model (default: measured on this machine once per verifier and draft budget);
     `prefixes`: the prefix cache the verifier's prefill reads and fills (default: verified decoding's own
     store, prefix.VERIFIED_PREFIXES; None: none); `shortlist`: the token ids the draft's LM head chooses
-    among, beside the request's own (skipdecode/shortlist.py; default "adapter": the one shipped with the
+    among, beside the request's own (skipdecode/speculative/shortlist.py; default "adapter": the one shipped with the
     draft's adapter, if any; None: the whole vocabulary)."""
 
     batch_one = True  # the batcher runs each request as its own batch
@@ -452,7 +452,7 @@ def for_prompt(prompt: str | None, speedup: float, model: str | None = None, dev
     verifier's cache at the speedup where one is served (adapters.shared_cache_draft), else the adapter picked
     for `speedup`, on its trained schedule; and why, in words. On the 4-bit path both are adapters beside one
     packed base."""
-    from .adapters import pick_adapter, run_speedup, shared_cache_draft, trained_schedule
+    from ..adapters.lora import pick_adapter, run_speedup, shared_cache_draft, trained_schedule
 
     verify_info, verify_why = pick_adapter(1.0, model, prompt, task)
     draft_info, draft_why = pick_adapter(speedup, model, prompt, task)
