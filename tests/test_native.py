@@ -155,7 +155,7 @@ def run_python(code: str, cache, **env) -> str:
 
 
 def test_the_library_is_built_once_per_cache_and_reused(tmp_path):
-    code = "from skipdecode import native; l = native.library(); print(l.built, l.isa)"
+    code = "from skipdecode.kernels import native; l = native.library(); print(l.built, l.isa)"
     first, second = run_python(code, tmp_path), run_python(code, tmp_path)
     assert first.startswith("True") and second.startswith("False")
     assert len(list((tmp_path / "kernels").glob("skipdecode-*.so"))) == 1
@@ -353,3 +353,11 @@ def test_the_kernels_sources_and_header_ship_with_the_package_and_the_space():
     assert all(any(fnmatch.fnmatch(Path(f).name, pattern) for pattern in package) for f in files), package
     sent = {f.path for f in publish_space.space_files()}
     assert set(files) <= sent
+
+
+def test_the_shipped_build_compiles_the_timing_switches_away():
+    """timing.h's switches (-DTILE, -DQ8_INTEGER_ONLY, -DLAYER_TIMES) are the experiments' own: the library's
+    build sets none, so its layers carry no phase timer (layer_times is not even defined)."""
+    assert native.Path(native.__file__).with_name("timing.h") in native.HEADERS  # a change to it builds anew
+    assert not any(flag.startswith(("-DTILE", "-DQ8_INTEGER_ONLY", "-DLAYER_TIMES")) for flag in native.FLAGS)
+    assert not hasattr(native.library().lib, "layer_times")

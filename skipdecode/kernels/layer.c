@@ -19,6 +19,8 @@
 #include <string.h>
 
 #include "kernels.h"
+#define PHASES 9 /* the phases of a layer that layers_forward marks, MARK(0..8) (timing.h) */
+#include "timing.h"
 
 #define SPAN 64 /* outputs a LoRA span covers: the outputs of 4 units, what product() hands a thread at a time */
 
@@ -244,33 +246,6 @@ static int acts_ok(const Acts *a) { return a->x && a->xa && a->q && a->dx && a->
 
 static void acts_free(Acts *a) { free(a->x), free(a->xa), free(a->q), free(a->dx), free(a->sx); }
 
-#ifdef LAYER_TIMES /* timing only (experiments/layer_phases.py): the wall time of each phase of the calls, summed */
-#include <time.h>
-#define PHASES 9
-static double phase_ms[PHASES];
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-/* the sums since the last call, then zero */
-int layer_times(double *out) {
-    for (int i = 0; i < PHASES; i++) out[i] = phase_ms[i], phase_ms[i] = 0.0;
-    return 0;
-}
-/* every thread done with phase i (a barrier more than the call has where the phase ends without one) */
-#define MARK(i)                                          \
-    do {                                                 \
-        _Pragma("omp barrier") _Pragma("omp master") {   \
-            const double t = now_ms();                   \
-            phase_ms[i] += t - mark;                     \
-            mark = t;                                    \
-        }                                                \
-    } while (0)
-#else
-#define MARK(i) do {} while (0)
-#endif
-
 /* Up to this many rows, every thread prepares a product's whole input for itself (the same bits in each):
    a decode step's few rows cost less than a barrier; more rows are split among the threads. */
 #define OWN_ROWS 8
@@ -303,9 +278,7 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
     wk.sum = malloc(sizeof(float) * (size_t)(R * (d > 2 * c->ffn ? d : 2 * c->ffn)));
     Acts shared = own ? (Acts){0} : acts(R, k_max, wk.rank_max);
     int failed = !wk.qkv || !wk.att || !wk.up || !wk.sum || (!own && !acts_ok(&shared));
-#ifdef LAYER_TIMES
-    double mark = now_ms();
-#endif
+    MARK_START; /* timing only (timing.h): nothing unless built with -DLAYER_TIMES */
     if (!failed) {
 #pragma omp parallel reduction(| : failed)
         {

@@ -22,7 +22,7 @@ import torch  # first: its libgomp.so.1 is the one the kernels' OpenMP threads t
 from ..models import cache_dir
 
 SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.c", "attention.c", "layer.c", "topk.c")]
-HEADERS = [Path(__file__).with_name("kernels.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("kernels.h", "timing.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {"q8_matmul": [_P, _I, _I, _P, _I, _P],

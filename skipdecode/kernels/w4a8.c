@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "timing.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "this kernel needs AVX2, FMA and F16C"
@@ -36,17 +37,12 @@
 #define WIDE 1
 #endif
 
-#ifndef TILE /* -DTILE=8 builds the 8-row tile for a comparison (experiments/q8_products.py --tile 8) */
+#ifndef TILE /* set otherwise for timing only (timing.h) */
 #ifdef WIDE /* input rows per pass over a unit (q8_units has a case for each count up to it): their scaled sums */
 #define TILE 16 /* and the unit's codes fill the 32 vector registers (see tile) */
 #else
 #define TILE 4 /* the 16 of AVX2 */
 #endif
-#endif
-#ifdef Q8_INTEGER_ONLY /* timing only, wrong values (experiments/q8_products.py --define): no float work a block */
-#define INTEGER_ONLY 1
-#else
-#define INTEGER_ONLY 0
 #endif
 
 const char *q8_isa(void) {
