@@ -1,6 +1,7 @@
+# Who: a maintainer, after training an adapter of a high rank and before serving it at a lower one.
 """Cut a trained adapter to a lower rank before it is served (an SVD of each layer's update):
 
-    python experiments/cut_rank.py checkpoints/runs/general-3x-N64s300 checkpoints/runs/general-3x-N64s300-r16 --rank 16
+    python scripts/cut_rank.py checkpoints/runs/general-3x-N64s300 checkpoints/runs/general-3x-N64s300-r16 --rank 16
 
 Prints the share of the updates' energy the cut keeps (mean and least over the layers' updates). Score the
 cut adapter again before serving it: what the energy loses is not what the scores lose.

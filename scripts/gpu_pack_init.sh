@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
+# Who: a maintainer, here, before a scripts/gpu_run.sh general call whose runs start from an adapter (--init).
 # An adapter too big to travel with the tree in one device call (a rank-64 one: 39 MB in float32), made
 # into two pieces that `--init /tmp/init/NAME` lines of experiments/gpu_general_runs.txt can start from:
-#   bash experiments/gpu_pack_init.sh checkpoints/runs/general-3x-N64s300
+#   bash scripts/gpu_pack_init.sh checkpoints/runs/general-3x-N64s300
 # writes the ignored .gpu-init/1/ (the first half of the weights, the adapter's json files, their sha256)
 # and .gpu-init/2/ (the second half), and prints the two calls that join them on the warm machine, one
 # carrying each folder, after the GGUF's pieces and before the `general` call (docs/research/general-adapters.md).
