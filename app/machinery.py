@@ -31,11 +31,11 @@ def _products(engine) -> tuple[str, str | None]:
     plain = ("Its weights are stored in 4 bits, as the model file ships them, and multiplied by PyTorch's own "
              "4-bit kernel.")
     try:
-        from skipdecode import q8
+        from skipdecode.kernels import w4a8
 
-        if q8.setting() == "bf16":  # the host asked for PyTorch's kernel: nothing fell back
+        if w4a8.setting() == "bf16":  # the host asked for PyTorch's kernel: nothing fell back
             return plain, None
-        reason = q8.library().reason
+        reason = w4a8.library().reason
     except Exception:  # noqa: BLE001 (a kernel module that does not say: no warning rather than a wrong one)
         return plain, None
     if not reason:

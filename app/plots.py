@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from skipdecode.adapters import NONE as NO_ADAPTER
+from skipdecode.adapters.lora import NONE as NO_ADAPTER
 
 # One palette for the whole app: SkipDecode is indigo, full decoding is amber, warm-up is sky blue.
 SKIP = "#4f46e5"

@@ -145,7 +145,7 @@ class Hardware(Strict):
 
 
 class Round(Strict):
-    """One verify pass (skipdecode/verify.py's Round.to_dict)."""
+    """One verify pass (skipdecode/speculative/verify.py's Round.to_dict)."""
 
     first: int = Count
     drafted: int = Count
@@ -159,7 +159,7 @@ class Round(Strict):
 
 
 class Verification(Strict):
-    """What verified decoding did (skipdecode/verify.py's Verification.to_dict): one mark per token, one
+    """What verified decoding did (skipdecode/speculative/verify.py's Verification.to_dict): one mark per token, one
     round per verify pass (files exported before rounds were recorded have none)."""
 
     verified: bool

@@ -58,8 +58,8 @@ def served_pairs(speedups) -> set[tuple[str, float]]:
     at that very speedup (`pick_adapter`, `run_speedup`): a row of another speedup (4x, which auto runs at
     5x) or of an adapter auto passes over there (`e2e-all` at 5x) is an experiment, not what a visitor
     gets. When the folder cannot be read (an adapter half written), none counts and the log says why."""
-    from skipdecode.adapters import pick_adapter, run_speedup
-    from skipdecode.router import E2E
+    from skipdecode.adapters.lora import pick_adapter, run_speedup
+    from skipdecode.adapters.router import E2E
 
     pairs = set()
     try:

@@ -1,7 +1,7 @@
 """Verified decoding as it ran, for drawing: each round's drafts at the layers the draft ran, and its verify
 pass over the drafts and one more position, from the record's `verification` and the draft's schedule.
 
-A round (skipdecode/verify.py) drafts up to k tokens, output[first : first + drafted], then ONE full-depth
+A round (skipdecode/speculative/verify.py) drafts up to k tokens, output[first : first + drafted], then ONE full-depth
 pass over drafted + 1 positions judges them: it keeps `accepted` drafts and chooses the next token itself
 (the replacement of the first rejected draft, or a bonus token when all were kept). The draft of output
 token i ran the schedule's layers for step i - 1 (warm-up layers, then the top ones; the rest skipped);

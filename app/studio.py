@@ -24,18 +24,18 @@ from typing import Iterator
 import pandas as pd
 
 from skipdecode import lens
-from skipdecode.evaluation import quality
-from skipdecode.adapters import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base, shared_cache_draft,
-                                 shared_speedup, trained_speedups)
+from skipdecode.adapters.lora import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base,
+                                      shared_cache_draft, shared_speedup, trained_speedups)
+from skipdecode.adapters.router import E2E, route
 from skipdecode.batcher import Batcher, Job, Update, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine, shares_base
+from skipdecode.evaluation import quality
 from skipdecode.models import DEFAULT_MODEL
 from skipdecode.request import Request, check
-from skipdecode.router import E2E, route
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
-from skipdecode.verify import Verified
+from skipdecode.speculative.verify import Verified
 
 from .examples import references_for
 
@@ -141,7 +141,7 @@ class Settings:
     top_k: int = 0
     seed: int = 0
     beams: int = 0  # beam search of this width; 0: none
-    verify: bool = False  # verified decoding: SkipDecode drafts, the full side's model verifies (skipdecode/verify.py)
+    verify: bool = False  # verified decoding: SkipDecode drafts, the full side's model verifies (skipdecode/speculative/verify.py)
 
     def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits(),
                  spread: float = SPREAD) -> Schedule:
@@ -426,7 +426,7 @@ class Studio:
     def _evict(self, keep: int) -> None:
         """Drop the least recently used engines with weights of their own (never the base one) until `keep`
         such remain, and hand their memory back to the system. Engines on the shared 4-bit base (an
-        adapter's LoRA factors beside it) stay: every served model fits beside it (skipdecode/q4.py)."""
+        adapter's LoRA factors beside it) stay: every served model fits beside it (skipdecode/kernels/q4.py)."""
         evicted = False
         owned = lambda: [label for label, e in self._engines.items() if not _shares(e)]  # noqa: E731
         while len(owned()) > keep:
@@ -448,7 +448,7 @@ class Studio:
         calls of a fresh process take seconds that the first visitor should not wait for."""
         for _ in self.compare("Hello", Settings(speedup=2.0, max_new_tokens=2), self.base.label):
             pass
-        # which decode step and product kernel serve (skipdecode/compiled.py, skipdecode/q8.py: and why), in the log
+        # which decode step and product kernel serve (skipdecode/kernels/compiled.py, skipdecode/kernels/w4a8.py: and why), in the log
         engine = self.engine(self.base)
         log.warning("decode step: %s; weights: %s", engine.step_label, engine.weights_label)
 

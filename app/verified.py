@@ -1,6 +1,6 @@
 """The page's verified mode: the two families of early exit side by side, by what they promise.
 
-"SkipDecode" changes the output to save layers; "SkipDecode, verified" (skipdecode/verify.py) lets the
+"SkipDecode" changes the output to save layers; "SkipDecode, verified" (skipdecode/speculative/verify.py) lets the
 skipped model draft and the full model check, so the answer is the full model's and only the speed depends
 on how often the drafts agree. In verified mode the SkipDecode side shows each token marked as a draft the
 full model accepted or a token the full model put in, with the acceptance rate, the measured speedup
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 
-from skipdecode.verify import ACCEPTED, REPLACED
+from skipdecode.speculative.verify import ACCEPTED, REPLACED
 
 from . import timing, views
 

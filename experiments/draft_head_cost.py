@@ -1,6 +1,6 @@
 """What a draft step costs, in full-depth steps of one position, with the draft's LM head over the whole
-vocabulary and over shortlists of the E2E training split's most frequent tokens (skipdecode/shortlist.py).
-The figures are verified decoding's own cost model (skipdecode/drafting.py Costs.measure: the fastest of a
+vocabulary and over shortlists of the E2E training split's most frequent tokens (skipdecode/speculative/shortlist.py).
+The figures are verified decoding's own cost model (skipdecode/speculative/drafting.py Costs.measure: the fastest of a
 few timings of a full-depth pass and of a draft step), taken in turns, `--rounds` times.
 
     python experiments/draft_head_cost.py --sizes 0,1024,2048,4096 --rounds 5
@@ -23,9 +23,9 @@ def main(argv=None) -> int:
 
     from skipdecode.engine import Scheduled
     from skipdecode.evaluation.bench import machine
-    from skipdecode.shortlist import count
+    from skipdecode.speculative.shortlist import count
     from skipdecode.training.shortlists import e2e_targets
-    from skipdecode.verify import Verified, _MEASURED, for_prompt
+    from skipdecode.speculative.verify import Verified, _MEASURED, for_prompt
 
     run, schedule = for_prompt(None, args.speedup, task="e2e")[:2]
     sizes = [int(s) for s in args.sizes.split(",")]

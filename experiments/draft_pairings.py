@@ -1,4 +1,4 @@
-"""Acceptance of draft/verifier pairings in verified decoding (skipdecode/verify.py), on tuning prompts: the
+"""Acceptance of draft/verifier pairings in verified decoding (skipdecode/speculative/verify.py), on tuning prompts: the
 E2E devset's first MRs and general validation prompts past the 64 the goals are measured on.
 
 Each pairing is a draft adapter on a schedule (its trained one at a speedup, the warm-up layers optionally
@@ -31,12 +31,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from skipdecode.adapters import find_adapter, pick_adapter, trained_schedule
+    from skipdecode.adapters.lora import find_adapter, pick_adapter, trained_schedule
     from skipdecode.engine import Engine
     from skipdecode.evaluation.data import eval_items
     from skipdecode.evaluation.general import VALIDATION_COUNT, validation_prompts
-    from skipdecode.drafting import Costs
-    from skipdecode.verify import Verified
+    from skipdecode.speculative.drafting import Costs
+    from skipdecode.speculative.verify import Verified
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     ks = dict(item.split("=") for item in args.k.split(","))

@@ -1,9 +1,9 @@
-"""Tunes verified decoding's drafting rules (skipdecode/drafting.py, skipdecode/lookup.py) by a deterministic
+"""Tunes verified decoding's drafting rules (skipdecode/speculative/drafting.py, skipdecode/speculative/prompt_lookup.py) by a deterministic
 count, not a timer: the confidence threshold, prompt lookup's n-gram lengths, k and the fallback's window.
 
 Greedy verified decoding emits the verifier's answer whatever the rules, and the skipped model's drafts from a
 verified prefix are one fixed chain. So each tuning prompt is run once: the verifier's answer, and at every
-position the draft's chain of K_MAX drafts (on the shared cache, as skipdecode/verify.py drafts) with their
+position the draft's chain of K_MAX drafts (on the shared cache, as skipdecode/speculative/verify.py drafts) with their
 top-1 probabilities (its LM head over the adapter's shortlist where one is shipped, as verify.py drafts).
 Each setting is then replayed on those records with skipdecode's own Pacing and PromptLookup, costs fixed
 (a draft step and each further verify position in full-depth steps, measured on this machine once for each
@@ -30,7 +30,7 @@ def record(run, schedule, prompt: str, new_tokens: int) -> dict:
     from skipdecode.engine import Scheduled
     from skipdecode.prefix import forward
     from skipdecode.sampling import Sampling
-    from skipdecode.verify import _cache, _choose, _draft_step
+    from skipdecode.speculative.verify import _cache, _choose, _draft_step
 
     answer = run.verifier.generate([prompt], None, new_tokens).token_ids[0]
     ids = run.encode(prompt)
@@ -60,10 +60,10 @@ def record(run, schedule, prompt: str, new_tokens: int) -> dict:
 
 def replay(rec: dict, eos: set, k: int, threshold: float, lookup, costs, window: int = 1,
            state: dict | None = None) -> tuple[float, int, int, dict]:
-    """skipdecode/verify.py's rounds on a record, going on from the pacing `state` the pair's last request
+    """skipdecode/speculative/verify.py's rounds on a record, going on from the pacing `state` the pair's last request
     left (verify.py's Costs.history): (cost in full-depth steps, tokens, drafts kept, the state it leaves)."""
-    from skipdecode.drafting import PROMPT, SKIPDECODE, Pacing
-    from skipdecode.lookup import PromptLookup
+    from skipdecode.speculative.drafting import PROMPT, SKIPDECODE, Pacing
+    from skipdecode.speculative.prompt_lookup import PromptLookup
 
     ids, answer, chains = rec["ids"], rec["answer"], rec["chains"]
     pacing = Pacing(k, costs, threshold, window).resume(state)
@@ -108,7 +108,7 @@ def measure(run, schedule, rounds: int) -> dict:
     from statistics import median
 
     from skipdecode.engine import Scheduled
-    from skipdecode.verify import _MEASURED
+    from skipdecode.speculative.verify import _MEASURED
 
     taken = []
     for _ in range(rounds):
@@ -130,11 +130,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
     from skipdecode.engine import Engine, Scheduled
     from skipdecode.evaluation.data import eval_items
     from skipdecode.evaluation.general import VALIDATION_COUNT, validation_prompts
-    from skipdecode.verify import for_prompt
+    from skipdecode.speculative.verify import for_prompt
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     runs = {kind: for_prompt(None, args.speedup, task=kind)[:2] for kind in ("e2e", "general")}

@@ -228,7 +228,7 @@ def in_turns(variants: dict, rounds: int = 8, runs: int = 10) -> None:
 def others(dec) -> None:
     """The smaller attempts: the kernel against rows, float32 outputs of the products (the first 4-bit default), a
     float64 KV cache, one thread."""
-    from skipdecode import q4
+    from skipdecode.kernels import q4
 
     kernel, lin = torch.ops.aten._weight_int4pack_mm_for_cpu, dec.blocks[0].up
     for rows in (1, 4, 16):
@@ -269,7 +269,7 @@ def others(dec) -> None:
 def compiled(dec) -> None:
     """torch.compile of one product under max-autotune (does inductor bring its own int4 kernel?), of the
     30-layer stack (dynamic shapes), and of one layer (`Decoder.compile`)."""
-    from skipdecode import q4
+    from skipdecode.kernels import q4
 
     lin = dec.blocks[0].up
     product = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, lin.packed, q4.GROUP, lin.scales_zeros)  # noqa: E731

@@ -1,4 +1,4 @@
-"""The 4-bit GGUF path (skipdecode/q4.py) against the float32 path, in one process, on the bench's workload.
+"""The 4-bit GGUF path (skipdecode/kernels/q4.py) against the float32 path, in one process, on the bench's workload.
 
     python experiments/int4_speed.py [--batch-sizes 1,16] [--speedups 1,2,3,5] [--repeats 3] [--kernels]
                                  [--float32-attention] [--compile]
@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from skipdecode import q4
+from skipdecode.kernels import q4
 from skipdecode.evaluation.bench import E2E_TEST
 from skipdecode.evaluation.data import read_items, resolve
 from skipdecode.engine import Engine

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,16")
     args = p.parse_args(argv)
 
-    from skipdecode import native
+    from skipdecode.kernels import native
     from skipdecode.engine import Engine
     from skipdecode.evaluation.bench import machine
 

@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from skipdecode import adapters, models
+from skipdecode import models
+from skipdecode.adapters import lora as adapters
 from skipdecode.evaluation.bench import machine
 
 

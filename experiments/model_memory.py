@@ -26,7 +26,7 @@ def rss_gb() -> float:
 
 
 def main() -> int:
-    from skipdecode.adapters import available_adapters
+    from skipdecode.adapters.lora import available_adapters
     from skipdecode.engine import Engine
 
     dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"

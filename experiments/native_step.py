@@ -1,4 +1,4 @@
-"""Where a decode step goes on the C kernels: every layer of a position in one native call (skipdecode/layer.c)
+"""Where a decode step goes on the C kernels: every layer of a position in one native call (skipdecode/kernels/layer.c)
 against the same kernels called product by product from eager PyTorch glue, in turns in one process.
 
     python experiments/native_step.py                    # full depth, batch 1, 2 threads, 4 rounds

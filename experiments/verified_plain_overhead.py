@@ -17,9 +17,9 @@ def main(argv=None) -> int:
     p.add_argument("--passes", type=int, default=3)
     args = p.parse_args(argv)
 
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
     from skipdecode.evaluation.verified import prompt_set
-    from skipdecode.verify import Verified, for_prompt
+    from skipdecode.speculative.verify import Verified, for_prompt
 
     run, schedule = for_prompt(None, 3.0, task="general")[:2]
     prompts = prompt_set("general", run.tokenizer, args.prompts)

@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from skipdecode.evaluation.verified import prompt_set
-    from skipdecode.verify import for_prompt
+    from skipdecode.speculative.verify import for_prompt
 
     run, schedule = for_prompt(None, 3.0, task=args.kind)[:2]
     prompts = prompt_set(args.kind, run.tokenizer, args.prompts)

@@ -1,6 +1,6 @@
 /* The int8 ceiling of this CPU: how many 512-bit vpdpbusd (64 multiply-adds of a u8 and an s8 each) one core
    retires per nanosecond with twelve independent sums in flight, and the same on every core (OpenMP). Beside
-   q8.c's rate at 16 input rows (experiments/q8_products.py) it says how far the products of a batch-16 step
+   w4a8.c's rate at 16 input rows (experiments/q8_products.py) it says how far the products of a batch-16 step
    are from what the machine can do. Cited by docs/research/native-step.md.
 
      gcc -O2 -march=native -fopenmp experiments/vnni_peak.c -o /tmp/vnni_peak && /tmp/vnni_peak */

@@ -112,7 +112,7 @@ def ask(client, outcome: Outcome, args) -> Outcome:
 
 def check(outcomes: list[Outcome], max_new_tokens: int) -> tuple[list[str], str]:
     """Every answer against the engine's own decoding of its prompt, alone (on the server's default weights:
-    the GGUF's 4-bit blocks on a CPU, see skipdecode/q4.py). Returns the problems, each starting with
+    the GGUF's 4-bit blocks on a CPU, see skipdecode/kernels/q4.py). Returns the problems, each starting with
     "user U request K:", and which weights ran (Engine.weights_label)."""
     from skipdecode.engine import Engine
     from skipdecode.evaluation.quality import common_prefix

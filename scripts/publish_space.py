@@ -46,9 +46,9 @@ ALLOW = [
     "pyproject.toml",
     "app.py",  # the entry point: `python app.py`
     "app/*.py",
-    "skipdecode/*.py",
-    "skipdecode/*.c",  # the CPU path's C kernels, built on the Space at first start (skipdecode/native.py)
-    "skipdecode/*.h",  # their shared header
+    "skipdecode/*.py",  # the library, its subpackages too (a pattern's * matches a slash)
+    "skipdecode/kernels/*.c",  # the CPU path's C kernels, built on the Space at first start (skipdecode/kernels/native.py)
+    "skipdecode/kernels/*.h",  # their shared header
     "assets/adapters/*",  # the fine-tuned adapters the app serves
     "assets/examples/*",  # the example prompts
     "assets/lesson/*",  # the comparison docs/teaching.md quotes, which the page replays (app/replay.py)

@@ -22,9 +22,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from skipdecode.adapters import (RECORD, WEIGHTS, adapters_dir, available_adapters, read_adapter, weights_digest,
+from skipdecode.adapters.lora import (RECORD, WEIGHTS, adapters_dir, available_adapters, read_adapter, weights_digest,
                                  write_record)
-from skipdecode.shortlist import FILE as SHORTLIST
+from skipdecode.speculative.shortlist import FILE as SHORTLIST
 from skipdecode.training.train import finish_adapter, write_card
 
 FILES = ("adapter_config.json", WEIGHTS, RECORD)
@@ -39,7 +39,7 @@ def serve(pairs: list[tuple[Path, str]], folder: Path | None = None) -> list[Pat
     served = []
     for run, name in pairs:
         dest = folder / name
-        # a draft's shortlist (skipdecode/shortlist.py) is counted on its task's targets, not on the weights:
+        # a draft's shortlist (skipdecode/speculative/shortlist.py) is counted on its task's targets, not on the weights:
         # the adapter that replaces it keeps it
         shortlist = (dest / SHORTLIST).read_bytes() if (dest / SHORTLIST).exists() else None
         if dest.exists():

@@ -4,7 +4,7 @@ This is what SkipDecode is for: every row of a batch shares one layer budget per
 ask at the same moment can share every forward pass instead of queueing behind each other. One worker
 thread owns the compute. It waits for a request, gathers what else arrives within a short window (or
 queued up while it was busy), groups the requests by engine, schedule, sampling (or beam search) and token limit, and runs
-each group as one batch (a verified request, skipdecode/verify.py, always runs alone: a batch of one, since
+each group as one batch (a verified request, skipdecode/speculative/verify.py, always runs alone: a batch of one, since
 rows accepting different numbers of drafts would drift apart in position). Batches that cannot merge run side by side, one position of each in turn, so
 (for instance) a SkipDecode run and its full-decoding baseline see the same machine load. Each request
 gets its own stream of partial results and learns which batch it ran in.
@@ -88,7 +88,7 @@ class Update:
     finished: bool  # this row has stopped (EOS or token limit)
     done: bool  # the whole batch has stopped and the trace is complete
     trace: Trace  # the batch's trace so far, shared by every row
-    verification: dict | None = None  # a verified run's counts and marks (skipdecode/verify.py), else None
+    verification: dict | None = None  # a verified run's counts and marks (skipdecode/speculative/verify.py), else None
     states: torch.Tensor | None = None  # a teacher-forced request's last hidden states [positions, d]
 
 

@@ -49,7 +49,7 @@ def default_adapter(args):
     """(adapter, why): --adapter as given; else, on the default model, the adapter `pick_adapter` picks for
     the prompt at this speedup (for hand-set budgets: a one-for-all adapter of the prompt's task); else none.
     A batch whose prompts would get different adapters runs with the first prompt's, and says so."""
-    from .adapters import NONE, pick_adapter
+    from .adapters.lora import NONE, pick_adapter
     from .models import DEFAULT_MODEL
 
     if args.adapter is not None:
@@ -82,7 +82,7 @@ def spans(layers) -> str:
 
 
 def cmd_generate(args) -> int:
-    from .adapters import run_speedup
+    from .adapters.lora import run_speedup
     from .beam import Beam
     from .engine import Engine
     from .sampling import Sampling
@@ -135,7 +135,7 @@ def cmd_generate(args) -> int:
             print(f"### {prompt}\n{text}\n")
     beams = f" over {beam.width} beams" if beam.width > 1 else ""
     if args.verify:
-        from .verify import why
+        from .speculative.verify import why
 
         print(f"[verified: {why(result.verification, None)}]", file=sys.stderr)
     print(f"[{engine.name}: {trace.generated_tokens} tokens{beams}, {trace.average_layers:.1f}/{engine.num_layers} layers "
@@ -149,10 +149,10 @@ def verified(draft, args, beam, schedule):
     runs (with --adapter, that adapter; else the one picked at 1x: e2e-1x for an E2E prompt, the base model
     for any other). Without --adapter, a draft trained to read that verifier's cache on this very schedule
     drafts instead where one is served (adapters.shared_cache_draft)."""
-    from .adapters import pick_adapter, shared_cache_draft
+    from .adapters.lora import pick_adapter, shared_cache_draft
     from .engine import Engine
     from .models import DEFAULT_MODEL
-    from .verify import DRAFT_TOKENS, Verified
+    from .speculative.verify import DRAFT_TOKENS, Verified
 
     if len(args.prompt) != 1 or beam.width > 1:
         raise ValueError("--verify decodes one prompt at a time (batch 1) and does not search beams")
@@ -210,13 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto", help="auto (on a CPU the bundled model's own 4-bit GGUF blocks, "
-                                                    "skipdecode/q4.py), int4, float32, bfloat16 or float16")
+                                                    "skipdecode/kernels/q4.py), int4, float32, bfloat16 or float16")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--verify", action="store_true",
                      help="verified decoding: the schedule drafts, full depth verifies; the output is full "
                           "decoding's (one prompt)")
     gen.add_argument("--draft-tokens", type=int, default=None,
-                     help="with --verify: drafts per verify pass (default: skipdecode.verify.DRAFT_TOKENS)")
+                     help="with --verify: drafts per verify pass (default: skipdecode.speculative.verify.DRAFT_TOKENS)")
     gen.set_defaults(func=cmd_generate)
 
     sch = sub.add_parser("schedule", help="print the budget and layers run at each position")

@@ -4,9 +4,9 @@ The schedule decides which layers a position runs; everything else is the same l
 batch, one all-layer prefill, then one column of the batch at a time through the scheduled layers into
 a static KV cache, with finished rows compacted away. A per-token method (`peers.EarlyExit`) plugs in as
 a column policy: an object with `num_layers`, `to_dict()` and `run(...)` like `Scheduled` below.
-On a GPU a schedule's columns run as CUDA graphs (skipdecode/graphs.py): the same loop, handed a static
+On a GPU a schedule's columns run as CUDA graphs (skipdecode/kernels/cuda_graphs.py): the same loop, handed a static
 step in place of the decoder, which keeps finished rows instead of compacting them. On a CPU the 4-bit path's
-static step runs each layer as one compiled graph (skipdecode/compiled.py; $SKIPDECODE_COMPILE).
+static step runs each layer as one compiled graph (skipdecode/kernels/compiled.py; $SKIPDECODE_COMPILE).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Engine:
         self.eos_ids = sorted(set(eos))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos_ids or [0])[0]
         # "auto": CUDA graphs for the decode steps on a GPU; "off"; "on": also on a CPU, where the same static
-        # step runs uncaptured (skipdecode/graphs.py; how the tests check it). A host sets it for every engine.
+        # step runs uncaptured (skipdecode/kernels/cuda_graphs.py; how the tests check it). A host sets it for every engine.
         self.graphs = os.environ.get(GRAPHS_ENV, "auto")
         self._steps = None
         self.compile = None  # "auto", "on" or "off"; None: $SKIPDECODE_COMPILE
@@ -97,10 +97,10 @@ class Engine:
     @classmethod
     def load(cls, name_or_path: str | None = None, device: str = "auto", dtype="auto", adapter=None) -> "Engine":
         """A model by name or path; `adapter` (a name, a path or an AdapterInfo) is merged into its weights,
-        or, on the GGUF's 4-bit blocks (skipdecode/q4.py: "auto" on a CPU for the bundled model), kept
+        or, on the GGUF's 4-bit blocks (skipdecode/kernels/q4.py: "auto" on a CPU for the bundled model), kept
         unmerged beside the packed base that every engine of the process shares."""
-        from . import q4
-        from .adapters import adapter_dtype, merge_adapter, same_base
+        from .kernels import q4
+        from .adapters.lora import adapter_dtype, merge_adapter, same_base
         from .models import load_model
 
         info = _adapter_info(adapter)
@@ -137,8 +137,8 @@ class Engine:
 
     @property
     def compiled(self):
-        """The decoder's compiled layer (skipdecode/compiled.py), or why its CPU step stays eager."""
-        from .compiled import Compiled, setting
+        """The decoder's compiled layer (skipdecode/kernels/compiled.py), or why its CPU step stays eager."""
+        from .kernels.compiled import Compiled, setting
 
         value = self.compile or setting()
         if self._compiled is None or (self._compiled.dec, self._compiled.value) != (self.decoder, value):
@@ -223,9 +223,9 @@ class Engine:
                 self._steps.give(static)
 
     def _static_step(self, policy, batch: int, width: int):
-        """A static decode step for this generation (skipdecode/graphs.py: CUDA graphs on a GPU; on a CPU
-        with compiled layers, skipdecode/compiled.py), or None for the eager one."""
-        from .graphs import StaticSteps
+        """A static decode step for this generation (skipdecode/kernels/cuda_graphs.py: CUDA graphs on a GPU; on a CPU
+        with compiled layers, skipdecode/kernels/compiled.py), or None for the eager one."""
+        from .kernels.cuda_graphs import StaticSteps
 
         cuda = self.decoder.device.type == "cuda"
         if self.graphs not in ("auto", "on", "off"):
@@ -331,7 +331,7 @@ class Engine:
 
 
 def _adapter_info(adapter):
-    from .adapters import NONE, AdapterInfo, find_adapter
+    from .adapters.lora import NONE, AdapterInfo, find_adapter
 
     if adapter is None or str(adapter) in NONE:
         return None
@@ -340,8 +340,8 @@ def _adapter_info(adapter):
 
 def shares_base(name_or_path: str | None, adapter=None, device: str = "auto", dtype="auto") -> bool:
     """Whether `Engine.load` with these arguments runs on the process's one packed 4-bit base
-    (skipdecode/q4.py), an adapter unmerged beside it, rather than on weights of its own."""
-    from . import q4
+    (skipdecode/kernels/q4.py), an adapter unmerged beside it, rather than on weights of its own."""
+    from .kernels import q4
     from .models import resolve_device
 
     return q4.chosen(name_or_path, resolve_device(device), dtype)

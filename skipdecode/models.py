@@ -170,7 +170,7 @@ def precision(device: torch.device | str = "auto") -> tuple[torch.dtype, str]:
     the default precision is decided."""
     device = resolve_device(device) if isinstance(device, str) else device
     chosen = os.environ.get(DTYPE_ENV, "").strip()
-    if chosen == "int4":  # skipdecode/q4.py: the bundled GGUF's 4-bit blocks; float32 around the products
+    if chosen == "int4":  # skipdecode/kernels/q4.py: the bundled GGUF's 4-bit blocks; float32 around the products
         return torch.float32, "int4: set by $SKIPDECODE_DTYPE (the GGUF's 4-bit blocks, float32 around the products)"
     if chosen and chosen != "auto":
         return _named_dtype(chosen, f"${DTYPE_ENV}"), f"{chosen}: set by ${DTYPE_ENV}"

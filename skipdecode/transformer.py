@@ -122,7 +122,7 @@ class Decoder:
     choose which blocks a position runs."""
 
     def __init__(self, hf_model: torch.nn.Module, pack: bool | None = None, weights=None):
-        """`weights`: the matrices from elsewhere (skipdecode/q4.py's GGUF blocks, `GGUFWeights`) instead of
+        """`weights`: the matrices from elsewhere (skipdecode/kernels/q4.py's GGUF blocks, `GGUFWeights`) instead of
         the model's own; the model still gives the norms, embeddings, RoPE and configuration."""
         config = hf_model.config
         self.family = check_architecture(config)
@@ -137,7 +137,7 @@ class Decoder:
         # instead (docs/research/cpu-4bit-kernels.md, "What is left after the products"): faster decoding at
         # batch 1, slower prefills and batches.
         self.attention_dtype = torch.float64 if weights is not None else None
-        # ... unless the weights bring a row-exact float32 attention (skipdecode/attention.c, beside the int8
+        # ... unless the weights bring a row-exact float32 attention (skipdecode/kernels/attention.c, beside the int8
         # kernel's products): the same bits alone and in a batch without the float64 detour.
         self.attention_kernel = getattr(weights, "attention", None)
         if weights is not None and self.family != "llama":
@@ -160,8 +160,8 @@ class Decoder:
         self.gqa = self.num_heads != self.num_kv_heads
         self._rope_table = None
         self._kv_only: list[Linear] | None = None
-        # Every layer in one native call where the weights are the int8 kernel's (skipdecode/layer.c)
-        self.fused = _fused_layers(self) if weights is not None and self.family == "llama" else None
+        # Every layer in one native call where the weights are the int8 kernel's (skipdecode/kernels/layer.c)
+        self.fused = weights.fused_layers(self) if weights is not None and self.family == "llama" else None
 
     @property
     def weights_label(self) -> str:
@@ -254,7 +254,7 @@ class Decoder:
         """Run layer `layer` on x [B, S, d] at cache columns [start, start + S): write its keys and
         values there and attend over columns [0, start + S) under the additive `mask` [B, 1, S, start + S]
         (None: every column). A `start` given as a one-element tensor is the graphed decode step's form
-        (skipdecode/graphs.py): one column, written where the tensor says, and the cache's whole width
+        (skipdecode/kernels/cuda_graphs.py): one column, written where the tensor says, and the cache's whole width
         attended under a mask that hides the columns after it, so that no shape depends on the position."""
         if self.fused is not None and not torch.compiler.is_compiling():
             if values.stride() != keys.stride():
@@ -376,7 +376,7 @@ class Decoder:
 def run_layers(dec, layers: Sequence[int], x, rope, mask, cache, start: int):
     """`layers` in turn at cache columns [start, start + S) of `cache`, for any decoder: a Decoder's own
     run_layers (one native call where its layers are fused), another's (a static step's graphs,
-    skipdecode/graphs.py) layer by layer."""
+    skipdecode/kernels/cuda_graphs.py) layer by layer."""
     if isinstance(dec, Decoder):
         return dec.run_layers(layers, x, rope, mask, cache, start)
     return _each_layer(dec, layers, x, rope, mask, cache, start)
@@ -386,16 +386,6 @@ def _each_layer(dec, layers: Sequence[int], x, rope, mask, cache, start: int):
     for layer in layers:
         x = dec.block(layer, x, rope, mask, *cache.claim(layer, start, x.shape[1]), start)
     return x
-
-
-def _fused_layers(dec: Decoder):
-    """native.Layers for a decoder whose every product is the int8 kernel's, beside the C attention; else None."""
-    from . import native
-
-    linears = [lin for b in dec.blocks for lin in (b.qkv, b.out, b.up, b.down)]  # q8.Q8Linear says native_layer
-    if dec.attention_kernel is None or dec.rotary is None or not all(getattr(l, "native_layer", False) for l in linears):
-        return None
-    return native.Layers(dec, linears[0].lib)
 
 
 def _wb(module):

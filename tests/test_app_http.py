@@ -200,7 +200,7 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     from app import views
     from app.callbacks import Callbacks
     from app.studio import AUTO, Settings, Studio, configured_models
-    from skipdecode.adapters import adapter_for, run_speedup
+    from skipdecode.adapters.lora import adapter_for, run_speedup
     from skipdecode.batcher import Batcher
     from skipdecode.engine import Engine
 

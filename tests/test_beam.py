@@ -114,7 +114,7 @@ def test_bad_settings_are_clear_errors():
 def test_generate_command_searches_with_beams(capsys):
     import json
 
-    from skipdecode.adapters import find_adapter, trained_schedule
+    from skipdecode.adapters.lora import find_adapter, trained_schedule
     from skipdecode.cli import main
 
     prompt = "name[The Eagle], eatType[pub], area[riverside]"

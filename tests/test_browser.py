@@ -268,7 +268,7 @@ def test_a_general_prompt_runs_the_general_adapter_against_the_base_model(page, 
     """What people type: "auto" gives an everyday question the general adapter for the speedup (the base
     model where none is served), full decoding by the base model beside it, and says so; the answers are
     the screenshots docs/images/general-<s>x.png."""
-    from skipdecode.adapters import pick_adapter
+    from skipdecode.adapters.lora import pick_adapter
 
     info, _ = pick_adapter(float(speedup), None, SKY)
     page.fill("#sd-prompt textarea", SKY)
@@ -288,7 +288,7 @@ def test_a_general_prompt_runs_the_general_adapter_against_the_base_model(page, 
 def test_between_trained_speedups_the_preview_names_the_speedup_auto_runs(page):
     """The slider moves in steps of 0.25; no served E2E adapter is trained for 4x, so "auto" runs the nearest
     trained speedup, and the schedule preview says so before anything runs (for a general prompt it does not)."""
-    from skipdecode.adapters import pick_adapter, run_speedup
+    from skipdecode.adapters.lora import pick_adapter, run_speedup
 
     info, _ = pick_adapter(4.0, None, PROMPT)
     if info is None or 4.0 in info.speedups:

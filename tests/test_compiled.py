@@ -1,4 +1,4 @@
-"""The compiled CPU decode step (skipdecode/compiled.py): the same tokens as the eager step, bit for bit; one
+"""The compiled CPU decode step (skipdecode/kernels/compiled.py): the same tokens as the eager step, bit for bit; one
 graph for every layer, layer subset and adapter; batch invariance; the eager step, with its reason, where
 nothing compiles; the cache on disk reused by a second process."""
 
@@ -12,7 +12,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from conftest import PROMPTS, IdTokenizer, tiny_model
-from skipdecode import compiled, models, q4
+from skipdecode import models
+from skipdecode.kernels import compiled, q4
 from skipdecode.engine import Engine
 from skipdecode.schedule import Schedule, for_speedup
 
@@ -22,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def tiny_int4(layers: int = 6, lora: int = 0, c_kernels: bool = False) -> Engine:
     """A random Llama on the 4-bit path: its matrices quantized to Q4_1-style blocks, packed for PyTorch's
-    int4 kernel, or with `c_kernels` for the int8 kernel beside the C attention (skipdecode/native.py); with
+    int4 kernel, or with `c_kernels` for the int8 kernel beside the C attention (skipdecode/kernels/native.py); with
     `lora`, a random rank-`lora` adapter unmerged on the fused query/key/value product."""
-    from skipdecode import native, q8
+    from skipdecode.kernels import native, w4a8
 
     model = tiny_model("llama", layers=layers)
     blocks = []
@@ -33,7 +34,7 @@ def tiny_int4(layers: int = 6, lora: int = 0, c_kernels: bool = False) -> Engine
 
         def int4(*linears):
             found = q4.quantize(torch.cat([lin.weight.detach() for lin in linears]))
-            return q8.Q8Linear.of(found) if c_kernels else q4.Int4Linear.of(found)
+            return w4a8.W4A8Linear.of(found) if c_kernels else q4.Int4Linear.of(found)
 
         qkv = int4(a.q_proj, a.k_proj, a.v_proj)
         if lora:
@@ -162,9 +163,9 @@ def test_bundled_compiled_step_decodes_what_the_eager_step_decodes(monkeypatch):
     """The default model on its 4-bit path with PyTorch's int4 kernel (what the compiled step traces): the
     eager step's tokens come out of the compiled step too, full depth and SkipDecode, in a padded batch and
     alone."""
-    from skipdecode import q8
+    from skipdecode.kernels import w4a8
 
-    monkeypatch.setenv(q8.KERNEL_ENV, "bf16")
+    monkeypatch.setenv(w4a8.KERNEL_ENV, "bf16")
     engine = Engine.load(dtype=q4.INT4)
     prompts = [*PROMPTS, "Write a haiku about the sea."]
     for schedule in (None, for_speedup(3, engine.num_layers, horizon=32)):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from skipdecode import adapters
+from skipdecode.adapters import lora as adapters
 from skipdecode.evaluation import data
 from skipdecode.evaluation.data import Item, pairs, parse_mr, read_items, renamed_items, split_items
 from skipdecode.evaluation.evaluate import check_held_out, human_scores, names_copied, score, slot_error_rate, slot_realized
@@ -309,7 +309,7 @@ def test_no_untrained_leaves_out_only_the_untrained_row():
 
 
 def test_baseline_names_the_full_depth_rows_adapter():
-    from skipdecode.adapters import find_adapter
+    from skipdecode.adapters.lora import find_adapter
     from skipdecode.evaluation.evaluate import plan_rows
 
     one, five = find_adapter("e2e-1x"), find_adapter("e2e-5x")

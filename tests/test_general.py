@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import IdTokenizer, tiny_checkpoint, tiny_model
-from skipdecode import adapters
+from skipdecode.adapters import lora as adapters
 from skipdecode.evaluation import evaluate, general, runs
 from skipdecode.engine import Engine
 from skipdecode.evaluation.general import Answers, Plan
@@ -218,7 +218,7 @@ def test_a_failed_prompts_eval_leaves_no_empty_temporary_folder(tmp_path, monkey
 def test_eval_prompts_command_smoke(tmp_path, cli):
     """The real command on three prompts, 8 new tokens, 1x and 3x: the 1x row is the base model at full
     depth (the reference itself), 3x what "auto" picks for a general prompt (general-3x where it ships)."""
-    from skipdecode.adapters import pick_adapter
+    from skipdecode.adapters.lora import pick_adapter
 
     prompts = tmp_path / "three.txt"
     prompts.write_text("Explain in one paragraph why the sky is blue.\nList three tips for staying focused.\n"

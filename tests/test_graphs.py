@@ -1,4 +1,4 @@
-"""The graphed decode step (skipdecode/graphs.py): the static step decodes what the eager step decodes.
+"""The graphed decode step (skipdecode/kernels/cuda_graphs.py): the static step decodes what the eager step decodes.
 
 On a CPU the static step runs uncaptured (`engine.graphs = "on"`), which checks its math (the column as a
 tensor, the whole cache width under a mask, no compaction); on a GPU the captured graphs are checked too.
@@ -9,8 +9,8 @@ import torch
 
 from conftest import IdTokenizer, tiny_model
 from skipdecode.engine import GRAPHS_ENV, Engine
-from skipdecode import graphs
-from skipdecode.graphs import MAX_STEPS, MIN_CPU_WIDTH, MIN_WIDTH, bucket, cache_bytes
+from skipdecode.kernels import cuda_graphs
+from skipdecode.kernels.cuda_graphs import MAX_STEPS, MIN_CPU_WIDTH, MIN_WIDTH, bucket, cache_bytes
 from skipdecode.evaluation.peers import EarlyExit
 from skipdecode.schedule import Schedule
 
@@ -60,7 +60,7 @@ def test_kept_caches_stay_within_their_byte_budget(monkeypatch):
     engine = Engine(tiny_model("llama"), IdTokenizer())
     engine.graphs = "on"
     one = cache_bytes(engine.decoder, 1, MIN_WIDTH if engine.decoder.device.type == "cuda" else MIN_CPU_WIDTH)
-    monkeypatch.setattr(graphs, "MAX_CACHE_BYTES", 3 * one)
+    monkeypatch.setattr(cuda_graphs, "MAX_CACHE_BYTES", 3 * one)
     engine.generate(BATCH[:1], max_new_tokens=4)
     engine.generate(BATCH[:2], max_new_tokens=4)  # batch 2 (2 units) joins batch 1 (1 unit): 3, at the budget
     assert sorted(s.batch for s in engine._steps.free.values()) == [1, 2]

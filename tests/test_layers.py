@@ -1,4 +1,4 @@
-"""The library in layers: the runtime (skipdecode/*.py) decodes without the training and evaluation code
+"""The library in layers: the runtime (skipdecode/ but its evaluation and training) decodes without the training and evaluation code
 above it, and no module imports in a circle."""
 
 import ast
@@ -90,7 +90,7 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_the_walk_sees_function_level_and_relative_imports():
     graph = import_graph()
     assert {"skipdecode.schedule", "skipdecode.transformer", "skipdecode.cache"} <= graph["skipdecode.engine"]
-    assert "skipdecode.adapters" in graph["skipdecode.engine"]  # `from .adapters import ...` inside Engine.load
+    assert "skipdecode.adapters.lora" in graph["skipdecode.engine"]  # `from .adapters import ...` inside Engine.load
     assert "skipdecode.evaluation.general" in graph["skipdecode.evaluation.evaluate"]  # `eval --prompts`, lazily
     assert "skipdecode.schedule" in graph["skipdecode.training.train"]  # `from ..schedule import ...`
     assert {"skipdecode.training.train", "skipdecode.evaluation.evaluate"} <= graph["skipdecode.cli"]
@@ -103,8 +103,8 @@ def test_no_module_imports_in_a_circle():
 
 def test_each_layer_imports_only_the_layers_below_it():
     assert upward(import_graph()) == []
-    assert upward({"skipdecode.adapters": {"skipdecode.training.train"}, "skipdecode.training.train": set()}) \
-        == [("skipdecode.adapters", "skipdecode.training.train")]
+    assert upward({"skipdecode.adapters.lora": {"skipdecode.training.train"}, "skipdecode.training.train": set()}) \
+        == [("skipdecode.adapters.lora", "skipdecode.training.train")]
 
 
 def test_the_package_imports_no_module_by_a_name_the_walk_cannot_see():
@@ -127,8 +127,8 @@ def test_the_library_knows_nothing_of_the_app():
 DECODE_AS_THE_APP_DOES = """
 import json, sys
 from skipdecode import Engine
-from skipdecode.adapters import pick_adapter, trained_schedule
-from skipdecode.router import INSTRUCTION
+from skipdecode.adapters.lora import pick_adapter, trained_schedule
+from skipdecode.adapters.router import INSTRUCTION
 
 base, speedup = sys.argv[1], 2.0
 prompt = INSTRUCTION + "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"

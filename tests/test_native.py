@@ -1,4 +1,4 @@
-"""The CPU path's C kernels (skipdecode/native.py): the Q4_1 x int8 products (q8.c) against the same
+"""The CPU path's C kernels (skipdecode/kernels/native.py): the Q4_1 x int8 products (w4a8.c) against the same
 arithmetic written in NumPy and against the float product, the file's blocks held exactly, every row's bits
 whatever the batch; the float32 attention (attention.c) against float64 SDPA and row-exact under padding and
 in a prefill; the library built once per cache and reused by another process; no compiler or a failed
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
-from skipdecode import native, q4, q8
+from skipdecode.kernels import native, q4, w4a8
 
 pytestmark = pytest.mark.skipif(native.library().lib is None, reason=f"no C kernels here: {native.library().reason}")
 
@@ -44,8 +44,8 @@ def test_the_layout_holds_the_files_blocks_exactly():
     """Units of 16 rows, block by block: four runs of 64 bytes (run i: each row's codes 4i..4i+3 low, 4i+16..
     4i+19 high), then the rows' float16 d and m; rows past the last are zero blocks."""
     blocks = random_blocks(40, 96)  # 3 blocks a row; 40 rows: the third unit holds 8 rows and 8 zero rows
-    packed = q8.layout(blocks)
-    assert packed.shape == (3, 3, q8.UNIT) and packed.dtype == torch.uint8
+    packed = w4a8.layout(blocks)
+    assert packed.shape == (3, 3, w4a8.UNIT) and packed.dtype == torch.uint8
     runs = packed[..., :256].view(3, 3, 4, 16, 4)  # [unit, block, run, row, byte]
     low, high = runs & 15, runs >> 4
     codes = torch.cat((low, high), dim=2).permute(0, 3, 1, 2, 4).reshape(48, 96)  # [unit * row, block * 32]
@@ -60,7 +60,7 @@ def test_the_layout_holds_the_files_blocks_exactly():
 def test_the_product_is_llama_cpps_arithmetic(n, k):
     blocks = random_blocks(n, k)
     x = torch.randn(5, k)
-    y = q8.Q8Linear.of(blocks)(x)
+    y = w4a8.W4A8Linear.of(blocks)(x)
     expected = reference(blocks, x)
     assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     exact = x.double() @ blocks.dequantize().double().t()
@@ -70,7 +70,7 @@ def test_the_product_is_llama_cpps_arithmetic(n, k):
 def test_every_row_gets_its_bits_alone():
     """Tiles of up to 16 rows, their remainders, threads and a prefill's width change nothing in a row."""
     blocks = random_blocks(200, 576)
-    lin = q8.Q8Linear.of(blocks)
+    lin = w4a8.W4A8Linear.of(blocks)
     x = torch.randn(37, 576)
     batch = lin(x)
     for rows in (1, 2, 3, 7, 8, 9, 16, 37):
@@ -81,14 +81,14 @@ def test_every_row_gets_its_bits_alone():
 def test_lora_rows_and_the_head():
     torch.manual_seed(0)
     blocks = random_blocks(128, 64)
-    base = q8.Q8Linear.of(blocks)
+    base = w4a8.W4A8Linear.of(blocks)
     a, b = torch.randn(64, 4) * 0.1, torch.randn(4, 128) * 0.1
     x = torch.randn(6, 64)
     assert torch.allclose(base.with_lora(a, b)(x), base(x) + (x @ a) @ b, rtol=1e-5, atol=1e-5)
     assert torch.equal(base.rows(32)(x), base(x)[:, 32:])  # the key/value rows of a fused matrix
     assert base.nbytes == 128 * 2 * (16 + 2 * 2)  # per row and block 16 bytes of codes, float16 d and m: 4.5 bits
     head = q4.RescoredHead(torch.randn(512, 64))
-    assert isinstance(head.screen, q8.Q8Linear)
+    assert isinstance(head.screen, w4a8.W4A8Linear)
     h = torch.randn(16, 64)
     assert all(torch.equal(head(h)[i:i + 1], head(h[i:i + 1])) for i in range(16))
 
@@ -155,7 +155,7 @@ def run_python(code: str, cache, **env) -> str:
 
 
 def test_the_library_is_built_once_per_cache_and_reused(tmp_path):
-    code = "from skipdecode import native; l = native.library(); print(l.built, l.isa)"
+    code = "from skipdecode.kernels import native; l = native.library(); print(l.built, l.isa)"
     first, second = run_python(code, tmp_path), run_python(code, tmp_path)
     assert first.startswith("True") and second.startswith("False")
     assert len(list((tmp_path / "kernels").glob("skipdecode-*.so"))) == 1
@@ -170,16 +170,16 @@ def test_no_compiler_or_a_failed_build_runs_pytorchs_kernel(tmp_path, monkeypatc
     monkeypatch.setattr(native, "_LIBRARY", [failed])
     assert isinstance(q4.product(random_blocks(64, 64)), q4.Int4Linear)
     assert q4.q8_why().startswith(": the C kernels did not build")
-    monkeypatch.setenv(q8.KERNEL_ENV, "q8")
+    monkeypatch.setenv(w4a8.KERNEL_ENV, "q8")
     with pytest.raises(RuntimeError, match="SKIPDECODE_KERNEL=q8: the C kernels did not build"):
         q4.product(random_blocks(64, 64))
-    monkeypatch.setenv(q8.KERNEL_ENV, "fast")
+    monkeypatch.setenv(w4a8.KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match="SKIPDECODE_KERNEL must be one of auto, q8, bf16"):
-        q8.setting()
+        w4a8.setting()
 
 
 def test_bf16_asks_for_pytorchs_kernel(monkeypatch):
-    monkeypatch.setenv(q8.KERNEL_ENV, "bf16")
+    monkeypatch.setenv(w4a8.KERNEL_ENV, "bf16")
     assert isinstance(q4.product(random_blocks(64, 64)), q4.Int4Linear)
     assert q4.q8_why() == ": SKIPDECODE_KERNEL=bf16"
 
@@ -310,13 +310,13 @@ def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp
     assert built.lib is not None, built.reason
     assert built.isa in ({"AVX2", "AVX-VNNI"} if isa is None else {isa})
     blocks = random_blocks(200, 576)
-    lin = q8.Q8Linear(q8.layout(blocks), 200, 576, lib=built.lib)
+    lin = w4a8.W4A8Linear(w4a8.layout(blocks), 200, 576, lib=built.lib)
     x = torch.randn(19, 576)
     y = lin(x)
     expected = reference(blocks, x)
     assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     assert all(torch.equal(lin(x[i:i + 1]), y[i:i + 1]) for i in range(19))
-    assert torch.equal(y, q8.Q8Linear.of(blocks)(x))  # each lane runs the AVX-512 form's operations
+    assert torch.equal(y, w4a8.W4A8Linear.of(blocks)(x))  # each lane runs the AVX-512 form's operations
     monkeypatch.setattr(native, "_LIBRARY", [built])  # the fused layers on this build: every row as alone
     dec = adapted_tiny_llama().decoder
     inputs, rope, mask, cache = layer_inputs(dec)
@@ -344,9 +344,20 @@ def test_the_kernels_sources_and_header_ship_with_the_package_and_the_space():
 
     from test_publish_space import publish_space
 
-    root = Path(native.__file__).resolve().parents[1]
+    root = Path(native.__file__).resolve().parents[2]
     files = [p.relative_to(root).as_posix() for p in (*native.SOURCES, *native.HEADERS)]
-    package = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["skipdecode"]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert native.__package__ in setuptools["packages"]
+    package = setuptools["package-data"][native.__package__]  # the package the loader looks in (its own folder)
+    assert all(Path(f).parent.as_posix() == native.__package__.replace(".", "/") for f in files)
     assert all(any(fnmatch.fnmatch(Path(f).name, pattern) for pattern in package) for f in files), package
     sent = {f.path for f in publish_space.space_files()}
     assert set(files) <= sent
+
+
+def test_the_shipped_build_compiles_the_timing_switches_away():
+    """timing.h's switches (-DTILE, -DQ8_INTEGER_ONLY, -DLAYER_TIMES) are the experiments' own: the library's
+    build sets none, so its layers carry no phase timer (layer_times is not even defined)."""
+    assert native.Path(native.__file__).with_name("timing.h") in native.HEADERS  # a change to it builds anew
+    assert not any(flag.startswith(("-DTILE", "-DQ8_INTEGER_ONLY", "-DLAYER_TIMES")) for flag in native.FLAGS)
+    assert not hasattr(native.library().lib, "layer_times")

@@ -402,7 +402,7 @@ def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect
     """The machinery in words a visitor reads (no build labels); a warning only where the fast kernel was
     wanted and did not build, or a compile failed."""
     from app import machinery
-    from skipdecode import q8
+    from skipdecode.kernels import w4a8
 
     kernel = SimpleNamespace(isa="AVX512-VNNI")  # the int8 kernel serving the 4-bit products
     decoder = SimpleNamespace(weights=SimpleNamespace(head=SimpleNamespace(screen=kernel)), device=SimpleNamespace(
@@ -415,17 +415,17 @@ def test_how_this_runs_speaks_plain_words_and_warns_only_of_a_fallback_in_effect
     assert not [w for w in ("GGUF", "Q4_1", "Q8_1", "AVX", "VNNI", "eager step", "SKIPDECODE_") if w in words]
     assert machinery.warnings(engine) == [] and machinery.warnings_html(engine) == ""
     decoder.weights.head.screen = SimpleNamespace()  # PyTorch's 4-bit kernel: why?
-    monkeypatch.setattr(q8, "library", lambda: SimpleNamespace(reason="no C compiler (install gcc or set CC)"))
-    monkeypatch.setattr(q8, "setting", lambda: "auto")
+    monkeypatch.setattr(w4a8, "library", lambda: SimpleNamespace(reason="no C compiler (install gcc or set CC)"))
+    monkeypatch.setattr(w4a8, "setting", lambda: "auto")
     assert machinery.warnings(engine) == ["The fast 8-bit kernel is not running (no C compiler (install gcc or set "
                                           "CC)): PyTorch's 4-bit kernel runs instead, slower."]
-    monkeypatch.setattr(q8, "setting", lambda: "bf16")  # the host chose it: nothing fell back
+    monkeypatch.setattr(w4a8, "setting", lambda: "bf16")  # the host chose it: nothing fell back
     assert machinery.warnings(engine) == []
     engine.step_label = "eager step: compiling failed: RuntimeError: no"
     assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs layer by layer in "
                                           "PyTorch instead."]
     assert "at each position every row runs the same layers" in words  # batches of one position
-    decoder.fused = object()  # every layer in one C call (skipdecode/layer.c), rows at their own positions
+    decoder.fused = object()  # every layer in one C call (skipdecode/kernels/layer.c), rows at their own positions
     words = " ".join(machinery.sentences(engine))
     assert "one call to the C library" in words and "each row at its own position and budget" in words
     assert machinery.warnings(engine) == ["Compiling the decode step failed: each step runs a token's layers in one "

@@ -9,7 +9,7 @@ import torch
 from conftest import IdTokenizer, tiny_model
 from skipdecode.engine import Engine
 from skipdecode.prefix import PREFIXES, VERIFIED_PREFIXES, PrefixCache, prefill
-from skipdecode.verify import Verified, _cache
+from skipdecode.speculative.verify import Verified, _cache
 
 SYSTEM = [7, 31, 64, 9, 12, 250, 3, 44]  # a fixed opening every prompt shares, like a chat template's system turn
 

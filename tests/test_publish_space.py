@@ -66,10 +66,11 @@ def paths(files) -> set[str]:
 # ---- this repository ---------------------------------------------------------------------------
 def test_the_space_gets_what_the_app_reads():
     from app.results import RESULTS_DIR, SOURCES
-    from skipdecode.adapters import available_adapters
+    from skipdecode.adapters.lora import available_adapters
 
     sent = paths(publish_space.space_files())
-    code = {p.relative_to(ROOT).as_posix() for folder in ("app", "skipdecode") for p in (ROOT / folder).glob("*.py")}
+    code = {p.relative_to(ROOT).as_posix() for folder in ("app", "skipdecode") for p in (ROOT / folder).rglob("*")
+            if p.suffix in (".py", ".c", ".h")}
     adapters = {p.relative_to(ROOT).as_posix() for info in available_adapters() for p in info.path.iterdir()
                 if p.is_file()}
     tables = {(RESULTS_DIR / name).relative_to(ROOT).as_posix() for name, _ in SOURCES.values()}

@@ -1,4 +1,4 @@
-"""The GGUF's own 4-bit blocks in PyTorch's int4 kernel (skipdecode/q4.py): blocks read bit-exactly, the
+"""The GGUF's own 4-bit blocks in PyTorch's int4 kernel (skipdecode/kernels/q4.py): blocks read bit-exactly, the
 packed product against the float32 one, unmerged LoRA against merged, batch invariance, and the bundled
 model's greedy tokens against the float32 path."""
 
@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from conftest import PROMPTS
-from skipdecode import q4
+from skipdecode.kernels import q4
 
 
 def random_q4_1(n: int, k: int, seed: int = 0) -> np.ndarray:

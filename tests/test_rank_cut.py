@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from skipdecode import adapters
+from skipdecode.adapters import lora as adapters
 from skipdecode.training.rank_cut import cut_pair, cut_rank
 
 from conftest import tiny_model

@@ -222,7 +222,7 @@ def test_an_unreadable_adapter_folder_is_left_out_and_never_breaks_auto(tmp_path
     models = configured_models(BASE)
     assert [m.adapter for m in models] == [None, None, "good"]
     assert "half-written left out" in caplog.text and "no-speedups left out" in caplog.text
-    # "auto" asks skipdecode.adapters, which reads the whole folder at each request: while a folder in it
+    # "auto" asks skipdecode.adapters.lora, which reads the whole folder at each request: while a folder in it
     # cannot be read, auto decodes with the base model (and says so in the log) instead of failing.
     studio = Studio(models, batcher=Batcher(window_s=0.0))
     try:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from skipdecode import adapters
+from skipdecode.adapters import lora as adapters
 from skipdecode.cli import build_parser, default_adapter
-from skipdecode.router import E2E, GENERAL, INSTRUCTION, route
+from skipdecode.adapters.router import E2E, GENERAL, INSTRUCTION, route
 from test_evaluate import fake_adapter
 
 ROOT = Path(__file__).resolve().parent.parent

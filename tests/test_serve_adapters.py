@@ -7,7 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from skipdecode import adapters
+from skipdecode.adapters import lora as adapters
 
 ROOT = Path(__file__).resolve().parents[1]
 

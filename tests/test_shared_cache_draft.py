@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_adapter, tiny_checkpoint
-from skipdecode import adapters
+from skipdecode.adapters import lora as adapters
 from skipdecode.training.shared_cache import ship
 
 
@@ -43,7 +43,7 @@ def test_ship_keeps_the_layers_the_draft_runs_in_float16(folder):
 
 
 def test_the_draft_drafts_for_its_verifier_and_never_decodes_alone(folder):
-    from skipdecode.verify import for_prompt
+    from skipdecode.speculative.verify import for_prompt
 
     base, _ = folder
     assert adapters.pick_adapter(2.0, str(base), task="e2e")[0].name == "d-all"
@@ -62,7 +62,7 @@ def test_the_draft_drafts_for_its_verifier_and_never_decodes_alone(folder):
 
 def test_the_app_lists_no_draft_and_drafts_with_it_on_its_schedule(folder):
     from app.studio import Studio, configured_models
-    from skipdecode.adapters import trained_schedule
+    from skipdecode.adapters.lora import trained_schedule
 
     base, _ = folder
     models = configured_models(str(base))
@@ -80,7 +80,7 @@ def test_the_app_lists_no_draft_and_drafts_with_it_on_its_schedule(folder):
 def test_a_verified_comparison_drafts_with_it_and_says_so(folder):
     from app.studio import AUTO, Settings, Studio, configured_models
     from skipdecode.batcher import Batcher
-    from skipdecode.router import INSTRUCTION
+    from skipdecode.adapters.router import INSTRUCTION
 
     base, _ = folder
     studio = Studio(configured_models(str(base)), batcher=Batcher(window_s=0.0))
@@ -97,7 +97,7 @@ def test_a_verified_comparison_drafts_with_it_and_says_so(folder):
 def test_generate_verify_drafts_with_the_served_draft(cli):
     """The bundled model, an E2E MR at 3x: e2e-all is picked, e2e-1x verifies, e2e-draft-3x (shipped in
     assets/adapters) drafts, and the answer is full decoding's."""
-    from skipdecode.router import INSTRUCTION
+    from skipdecode.adapters.router import INSTRUCTION
 
     prompt = INSTRUCTION + "name[The Punter], eatType[coffee shop], food[Italian], area[riverside]"
     out = cli("generate", "--speedup", "3", "--verify", "--max-new-tokens", "12", "--json", "--prompt", prompt)

@@ -1,17 +1,17 @@
-"""The draft's LM head over a shortlist (skipdecode/shortlist.py): drafts only from the shortlist and the
+"""The draft's LM head over a shortlist (skipdecode/speculative/shortlist.py): drafts only from the shortlist and the
 request's tokens, the verifier's answer whatever the shortlist, a sampling draft's q a distribution."""
 
 import pytest
 import torch
 
 from conftest import IdTokenizer, tiny_model
-from skipdecode import verify
-from skipdecode.drafting import Costs
+from skipdecode.speculative import verify
+from skipdecode.speculative.drafting import Costs
 from skipdecode.engine import Engine
 from skipdecode.sampling import Sampling
 from skipdecode.schedule import Schedule, for_speedup
-from skipdecode.shortlist import count, load, shortlist_head
-from skipdecode.verify import SKIPDECODE, Verified
+from skipdecode.speculative.shortlist import count, load, shortlist_head
+from skipdecode.speculative.verify import SKIPDECODE, Verified
 
 PROMPT = [5, 17, 40, 99, 3, 250]
 LAYERS = 8

@@ -179,7 +179,7 @@ def test_the_cache_grows_for_a_long_row_and_gives_its_columns_back_when_it_leave
 def adapter(engine, seed: int, rank: int):
     """An engine over `engine`'s very base (model, packed matrices, head) with a random LoRA term of its own on
     every product, as a served adapter has."""
-    from skipdecode import native, q4
+    from skipdecode.kernels import native, q4
 
     g = torch.Generator().manual_seed(seed)
     blocks = [tuple(lin.with_lora(torch.randn(lin.in_features, rank, generator=g) * 0.1,

@@ -51,7 +51,7 @@ def test_the_least_recently_used_engine_goes_first(studio):
 
 
 def test_adapters_on_the_shared_4bit_base_all_stay(studio, monkeypatch):
-    """On the GGUF's packed 4-bit base an adapter is its LoRA factors beside it (skipdecode/q4.py): every
+    """On the GGUF's packed 4-bit base an adapter is its LoRA factors beside it (skipdecode/kernels/q4.py): every
     served model stays loaded, and the base is loaded once."""
     from types import SimpleNamespace
 

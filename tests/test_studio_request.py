@@ -8,12 +8,12 @@ import pytest
 
 import app.studio as studio_module
 import skipdecode.engine as engine_module
-import skipdecode.router as router_module
+import skipdecode.adapters.router as router_module
 from app.studio import AUTO, Settings, Studio, configured_models
 from conftest import tiny_adapter, tiny_checkpoint
 from skipdecode.batcher import Batcher
 from skipdecode.prompts import encode_prompt
-from skipdecode.router import INSTRUCTION
+from skipdecode.adapters.router import INSTRUCTION
 
 MR_PROMPT = INSTRUCTION + "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
 

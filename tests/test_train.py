@@ -128,7 +128,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     from safetensors.torch import load_file
 
     from skipdecode.training import train as training
-    from skipdecode.adapters import find_adapter
+    from skipdecode.adapters.lora import find_adapter
 
     base = dict(speedups=[3.0], batch_size=1, limit=4, validation_examples=1, precision="fp32", split="dev",
                 checkpoint_dir=str(tmp_path / "checkpoints"))
@@ -244,7 +244,7 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     from skipdecode.training import train as training
-    from skipdecode.adapters import read_adapter
+    from skipdecode.adapters.lora import read_adapter
 
     model = str(tiny_checkpoint(tmp_path / "tiny", layers=12))  # 12 layers: room for 3x after the warm-up
 
@@ -302,7 +302,7 @@ def test_a_run_on_the_training_split_snapshots_each_epoch_and_validates_on_the_d
     accepts it) and the steps of one MR-epoch, validates on devset MRs, and `--snapshot-every` leaves an
     adapter that decodes at each snapshot step."""
     from skipdecode.training import train as training
-    from skipdecode.adapters import read_adapter
+    from skipdecode.adapters.lora import read_adapter
     from skipdecode.evaluation.data import read_items, resolve
     from skipdecode.evaluation.evaluate import check_held_out
 

@@ -1,4 +1,4 @@
-"""Verified decoding (skipdecode/verify.py): SkipDecode drafts, full depth verifies, the output is full decoding's."""
+"""Verified decoding (skipdecode/speculative/verify.py): SkipDecode drafts, full depth verifies, the output is full decoding's."""
 
 import json
 
@@ -10,7 +10,7 @@ from test_studio_request import MR_PROMPT, tiny_set  # noqa: F401 (tiny_set: a f
 from skipdecode.engine import Engine
 from skipdecode.sampling import Sampling, probabilities
 from skipdecode.schedule import Schedule, for_speedup
-from skipdecode.verify import ACCEPTED, REPLACED, VERIFIER, Scheduled, Verified, _cache, _draft_step, accept, forward
+from skipdecode.speculative.verify import ACCEPTED, REPLACED, VERIFIER, Scheduled, Verified, _cache, _draft_step, accept, forward
 
 PROMPT = [5, 17, 40, 99, 3, 250]
 LAYERS = 8
@@ -92,7 +92,7 @@ def assert_rounds_leave_a_plain_decode(run, prompt, schedule, n, stop_at_eos=Fal
 @pytest.mark.parametrize("draft", [1, 2])
 def test_one_cache_after_every_round_is_a_plain_decode(engines, draft):
     """Rounds that keep every draft and rounds that end mid-draft (the bad draft), k 3."""
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
 
     for n in (7, 12):  # each request its own cost model, so that neither starts from the other's pacing
         run = Verified(engines[draft], engines[0], 3, threshold=0.0, costs=Costs())
@@ -105,7 +105,7 @@ def test_one_cache_after_every_round_is_a_plain_decode(engines, draft):
 def test_eos_inside_a_draft_and_the_context_limit(engines):
     """An end-of-sequence token the draft proposes ends the round and, once kept, the answer; a generation
     that fills the model's whole context (256 positions) stops there with the cache full."""
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
 
     verifier, draft = engines[0], engines[1]
     free = verifier.generate([PROMPT], None, 12, stop_at_eos=False).token_ids[0]
@@ -145,7 +145,7 @@ def test_fallback_costs_a_draft_that_is_always_wrong_a_few_percent(engines):
     """Counted in full-depth steps (fixed costs: a draft step 0.4, each further verify position 0.15), not
     timed: 200 tokens cost at most 4% more than full decoding's 199 steps after the prefill (the fallback's
     first verdict waits for a window of drafting rounds; each probe after it costs one round)."""
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
 
     verifier = engines[0]
     want = verifier.generate([PROMPT], None, 200, stop_at_eos=False).token_ids
@@ -168,7 +168,7 @@ def test_the_next_request_of_a_pair_starts_where_drafting_left_off(engines):
     """A request whose drafts never paid leaves its pacing to the pair's next request: that one begins with
     the plain steps left before a probe, not with drafting rounds to learn it again; a draft that agrees
     leaves no plain steps behind."""
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
 
     verifier = engines[0]
     want = verifier.generate([PROMPT], None, 40, stop_at_eos=False).token_ids
@@ -188,7 +188,7 @@ def test_the_next_request_of_a_pair_starts_where_drafting_left_off(engines):
 def test_confidence_stop_and_cost_cap(engines):
     """Threshold 1: every round of the skipped model stops at its first draft (none is that sure); a cost
     model where drafts cost nothing lets a good draft run to k."""
-    from skipdecode.drafting import Costs
+    from skipdecode.speculative.drafting import Costs
 
     free = Costs(draft=0.0, extra=0.0, fixed=True)
     v = Verified(engines[1], engines[0], 4, threshold=1.0, lookup=None, costs=free).generate(
@@ -202,7 +202,7 @@ def test_confidence_stop_and_cost_cap(engines):
 
 
 def test_prompt_lookup_drafts_copies_of_the_prompt_only():
-    from skipdecode.lookup import PromptLookup
+    from skipdecode.speculative.prompt_lookup import PromptLookup
 
     lookup = PromptLookup([1, 2, 3, 4, 5, 2, 3, 9, 8], ngram=2, min_ngram=1)
     assert lookup.propose([7, 2, 3], 3) == [9, 8]  # the latest occurrence of (2, 3)
@@ -272,8 +272,8 @@ def test_sampled_run_is_seeded_and_batch_one(engines):
 def test_bundled_verified_equals_full_decoding():
     """The 4-bit default, an E2E prompt (e2e-all drafts, e2e-1x verifies) and a general one (general-3x
     drafts, the base model verifies), at 3x: the answers are full decoding's."""
-    from skipdecode.router import INSTRUCTION
-    from skipdecode.verify import for_prompt
+    from skipdecode.adapters.router import INSTRUCTION
+    from skipdecode.speculative.verify import for_prompt
 
     for prompt in [INSTRUCTION + PROMPTS[2].split(". Describe")[0], PROMPTS[0]]:
         run, schedule, _ = for_prompt(prompt, 3.0, dtype="int4")
@@ -291,7 +291,7 @@ def test_bundled_one_cache_is_a_plain_decode_bit_for_bit():
     verifier's (e2e-1x) are not on every CPU (q4.lora_term at one row and at several:
     docs/research/verified-decoding.md), so the E2E pair is held to its tokens
     (test_bundled_verified_equals_full_decoding)."""
-    from skipdecode.verify import for_prompt
+    from skipdecode.speculative.verify import for_prompt
 
     run, schedule, _ = for_prompt(PROMPTS[0], 3.0, dtype="int4")
     assert run.verifier.adapter is None

@@ -29,7 +29,7 @@ the GGUF's stored bytes. llama-cpp-python's high-level `generate`, timed in the 
 overhead per token (generate_overhead_ms), kept out of the row's figures.
 
 `--step eager,compiled` times every case with each decode step in turns, in the same rounds (the eager step,
-and the static step with compiled layers: skipdecode/compiled.py), so that the compiled step's gain is a
+and the static step with compiled layers: skipdecode/kernels/compiled.py), so that the compiled step's gain is a
 ratio inside one run; each row names its step, and the goals are checked per step.
 
 Every run generates exactly `new_tokens` tokens per row (EOS does not stop it), so all rows of a run are
@@ -216,13 +216,13 @@ class Case:
 STEPS = {"default": None, "eager": ("auto", "off"), "compiled": ("auto", "on")}  # (engine.graphs, engine.compile)
 
 
-KERNELS = ("default", "q8", "bf16")  # $SKIPDECODE_KERNEL's settings (skipdecode/q8.py); default: as loaded
+KERNELS = ("default", "q8", "bf16")  # $SKIPDECODE_KERNEL's settings (skipdecode/kernels/w4a8.py); default: as loaded
 
 
 def kernel_decoders(engine, kernels, load) -> dict:
     """A decoder for each kernel named (`load()` makes an engine under the current $SKIPDECODE_KERNEL):
     the engine's own for "default", one on each other kernel's base beside it, for timing in turns."""
-    from ..q8 import KERNEL_ENV
+    from ..kernels.w4a8 import KERNEL_ENV
 
     decoders = {"default": engine.decoder}
     for kernel in kernels:
@@ -839,11 +839,11 @@ def register(subparsers) -> None:
                        help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)")
     bench.add_argument("--kernel", default="default",
                        help="4-bit product kernels to time in turns, comma-separated: default (the engine's own: "
-                            "$SKIPDECODE_KERNEL), q8 (skipdecode/q8.c), bf16 (PyTorch's int4 kernel); each row "
+                            "$SKIPDECODE_KERNEL), q8 (skipdecode/kernels/w4a8.c), bf16 (PyTorch's int4 kernel); each row "
                             "names its weights")
     bench.add_argument("--step", default="default",
                        help="decode steps to time in turns, comma-separated: default (the engine's own: "
-                            "$SKIPDECODE_COMPILE), eager, compiled (skipdecode/compiled.py); each row names its step")
+                            "$SKIPDECODE_COMPILE), eager, compiled (skipdecode/kernels/compiled.py); each row names its step")
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--no-llamacpp", action="store_true",

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..router import INSTRUCTION  # the runtime routes by it; every E2E prompt begins with it
+from ..adapters.router import INSTRUCTION  # the runtime routes by it; every E2E prompt begins with it
 
 E2E_ENV = "SKIPDECODE_E2E_DIR"
 VALIDATION_SHARE = 0.05  # share of devset MRs `skipdecode train` holds out by default

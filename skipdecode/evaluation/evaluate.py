@@ -149,7 +149,7 @@ def plan_rows(speedups, adapter, compare_adapters: bool, untrained_skip: bool, u
     untrained 1x row, the same in every run on one split (scoring each snapshot of a run needs it once).
     `baseline` names the fine-tuned 1x row's adapter, the decode-speedup reference: an adapter trained for
     3x only, forced by `adapter`, writes on past the end at full depth, so its own 1x row means nothing."""
-    from ..adapters import adapter_for, available_adapters, find_adapter
+    from ..adapters.lora import adapter_for, available_adapters, find_adapter
 
     forced = find_adapter(adapter) if adapter else None
     full = find_adapter(baseline) if baseline else None
@@ -203,7 +203,7 @@ def check_held_out(plan, split: str, share: float = VALIDATION_SHARE) -> None:
 
 
 def _check_lineage(info, split: str, share: float, seen: set) -> None:
-    from ..adapters import find_adapter
+    from ..adapters.lora import find_adapter
 
     if info is None or info.path in seen:
         return
@@ -232,7 +232,7 @@ def evaluate(data=None, speedups=(1, 2, 3, 4, 5), limit=None, adapter=None, batc
     from tqdm.auto import tqdm
 
     from ..engine import Engine
-    from ..adapters import trained_schedule
+    from ..adapters.lora import trained_schedule
 
     items = load_items(data, split, made_up_names, limit, validation_share)
     plan = plan_rows([float(s) for s in speedups], adapter, compare_adapters, untrained_skip, untrained, baseline)

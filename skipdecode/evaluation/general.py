@@ -261,8 +261,8 @@ class Plan:
 def plan_rows(speedups, adapter: str | None = None, model: str | None = None) -> list[Plan]:
     """One row per speedup (1x always): the --adapter given ("none": the base model), else the adapter
     `pick_adapter` gives a general prompt (the base model at 1x, and where no general adapter exists)."""
-    from ..adapters import NONE, find_adapter, pick_adapter
-    from ..router import GENERAL
+    from ..adapters.lora import NONE, find_adapter, pick_adapter
+    from ..adapters.router import GENERAL
 
     forced = None if adapter is None or adapter.lower() in NONE else find_adapter(adapter)
     return [Plan(s, forced if adapter is not None else pick_adapter(s, model, task=GENERAL)[0])
@@ -282,7 +282,7 @@ def check_held_out(plan: list[Plan]) -> None:
 def schedule_for(info, speedup: float, num_layers: int, horizon: int):
     """An adapter decodes on the schedule it was trained with; the base model at a speedup on a constant
     budget (GENERAL_SPREAD), the general adapters' default, so that rows compare at equal layers/token."""
-    from ..adapters import trained_schedule
+    from ..adapters.lora import trained_schedule
     from ..schedule import DEFAULT_WARMUP, Schedule, for_speedup
 
     if info is not None:
@@ -370,7 +370,7 @@ E2E_ONLY = ("data", "made_up_names", "compare_adapters", "untrained_skip")
 def cmd_eval(args) -> int:
     """`skipdecode eval --prompts FILE|validation`."""
     from ..engine import Engine
-    from ..router import is_e2e
+    from ..adapters.router import is_e2e
     from .runs import drop_empty_temp, write
 
     given = [f"--{name.replace('_', '-')}" for name in E2E_ONLY if getattr(args, name, None)]

@@ -1,7 +1,7 @@
 """Verified decoding measured: `skipdecode bench-verified` (speed beside full decoding in one run) and
 `skipdecode verify-check` (is the greedy output full decoding's, prompt by prompt?).
 
-Both run the pairs a comparison's "auto" runs (skipdecode/verify.py `for_prompt`): for E2E test MRs the
+Both run the pairs a comparison's "auto" runs (skipdecode/speculative/verify.py `for_prompt`): for E2E test MRs the
 E2E adapter drafts and e2e-1x verifies; for the general validation prompts the general adapter drafts
 and the base model verifies. The bench interleaves full decoding and each verified setting prompt by
 prompt, so they share the machine's load, and reports ratios inside the run. transformers'
@@ -17,8 +17,8 @@ import sys
 import time
 from statistics import median
 
-from ..router import E2E, GENERAL
-from ..verify import Verified, for_prompt
+from ..adapters.router import E2E, GENERAL
+from ..speculative.verify import Verified, for_prompt
 from .bench import machine
 
 SETS = (E2E, GENERAL)
@@ -84,11 +84,11 @@ def bench(prompts_by_kind, speedups=(3.0,), draft_tokens=(None,), new_tokens: in
     start (`prefix`: on), so that each side sees the same earlier requests. Ratios to full decoding inside
     each pass; the rows give the worst pass and the best, and the worst prompt (its median over passes).
     `whole_head`: also a row whose draft chooses from the whole vocabulary where its adapter ships a
-    shortlist (skipdecode/shortlist.py), "skipdecode-verified-whole-head", in the same turns. `control`: full
+    shortlist (skipdecode/speculative/shortlist.py), "skipdecode-verified-whole-head", in the same turns. `control`: full
     decoding again as a case of its own ("full-again"): its ratios to full decoding are this machine's noise,
     the floor under which no per-prompt ratio means anything."""
     from ..prefix import PrefixCache
-    from ..verify import DRAFT_TOKENS
+    from ..speculative.verify import DRAFT_TOKENS
 
     rows = []
     for kind, prompts in prompts_by_kind.items():
@@ -187,7 +187,7 @@ def hf_early_exit(kind: str, prompts, speedups, new_tokens: int, say) -> list[di
     in the same loop. Its draft exits after the bottom layers through the LM head, untrained for that."""
     import torch
 
-    from ..adapters import pick_adapter
+    from ..adapters.lora import pick_adapter
     from ..engine import Engine
 
     engine = Engine.load(dtype="float32", adapter=pick_adapter(1.0, task=kind)[0])

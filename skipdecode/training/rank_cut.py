@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import WEIGHTS, read_adapter, write_record
+from ..adapters.lora import WEIGHTS, read_adapter, write_record
 
 
 def cut_pair(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:

@@ -1,6 +1,6 @@
 """A draft adapter for verified decoding's one cache: self-distillation with the verifier's keys and values.
 
-In verified decoding (skipdecode/verify.py) the draft reads the verifier's cache: at a layer it runs, a draft
+In verified decoding (skipdecode/speculative/verify.py) the draft reads the verifier's cache: at a layer it runs, a draft
 position attends to the verifier's full-depth keys and values of every earlier position and to its own
 entry. Skip-aware training (train.py) teaches the other case, a model reading its own skipped entries, and
 the E2E draft trained so agrees with e2e-1x less often on the shared cache (docs/method.md). Here the teacher
@@ -107,7 +107,7 @@ def ship(run: Path, dest: Path) -> None:
     in float16, peft's config told which layers they are, and the record with `shared_cache` and `verifier`."""
     from safetensors.torch import load_file, save_file
 
-    from ..adapters import WEIGHTS, read_adapter, write_record
+    from ..adapters.lora import WEIGHTS, read_adapter, write_record
 
     meta = dict(read_adapter(run / "adapter").meta)
     tensors = load_file(str(run / "adapter" / WEIGHTS))
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
 
     from peft import PeftModel
 
-    from ..adapters import find_adapter, merge_adapter, trained_schedule, write_record
+    from ..adapters.lora import find_adapter, merge_adapter, trained_schedule, write_record
     from ..evaluation.data import Item, pairs, training_split
     from ..models import load_model
     from .train import batches, collate, tokenize_pairs

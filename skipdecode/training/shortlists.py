@@ -1,4 +1,4 @@
-"""A draft adapter's shortlist (skipdecode/shortlist.py): every token its task's training targets use, most
+"""A draft adapter's shortlist (skipdecode/speculative/shortlist.py): every token its task's training targets use, most
 frequent first, written as shortlist.json in the adapter's folder. E2E: the training split's references.
 General: the full-depth base model's greedy answers to the first training prompts (the targets a general
 adapter learns from; validation prompts are never read).
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..shortlist import FILE, count
+from ..speculative.shortlist import FILE, count
 
 
 def e2e_targets(tokenizer, data=None) -> tuple[list[list[int]], str]:

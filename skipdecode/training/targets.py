@@ -24,7 +24,7 @@ def training_prompts(tokenizer, path=None, max_prompt_tokens: int = MAX_PROMPT_T
     """Prompts to train on: those of the file (default: the pool) that are not held out, that the router
     calls general, and whose chat-templated length is at most `max_prompt_tokens`; in hash order, the
     first `limit` of them."""
-    from ..router import is_e2e
+    from ..adapters.router import is_e2e
 
     chosen = by_hash(read_prompts(path or pool_file()), lambda p: not held_out(p) and not is_e2e(p))
     short = (p for p in chosen if fits(tokenizer, p, max_prompt_tokens))

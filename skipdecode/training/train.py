@@ -235,7 +235,7 @@ def teacher_cache(folder, teacher: str, max_new_tokens: int = TEACHER_TOKENS) ->
     """Where the E2E teacher's outputs are kept: named by a digest of its adapter's weights, so that an
     adapter retrained at the same path never reads the outputs of the one before (none for the base model,
     whose E2E outputs no recipe trains on)."""
-    from ..adapters import NONE, find_adapter, weights_digest
+    from ..adapters.lora import NONE, find_adapter, weights_digest
 
     if teacher.lower() in NONE:
         return None
@@ -327,7 +327,7 @@ def train(config: TrainConfig) -> dict:
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from ..adapters import NONE, adapter_ref, find_adapter, merge_adapter, same_base
+    from ..adapters.lora import NONE, adapter_ref, find_adapter, merge_adapter, same_base
     from ..models import load_model
 
     if not 0 <= config.distill <= 1:
@@ -506,7 +506,7 @@ def train(config: TrainConfig) -> dict:
 
 
 def save_adapter(peft_model, out: Path, summary: dict) -> None:
-    from ..adapters import write_record
+    from ..adapters.lora import write_record
 
     # LoRA on linear layers only, the vocabulary never resized: peft's "auto" check of the embedding
     # layers would ask the Hub for the base model's config.json (a failed lookup offline).
@@ -546,7 +546,7 @@ def finish_adapter(folder: Path) -> None:
     id rather than a local cache path, and a model card that says what it is instead of peft's template."""
     from safetensors.torch import load_file, save_file
 
-    from ..adapters import WEIGHTS, read_adapter
+    from ..adapters.lora import WEIGHTS, read_adapter
 
     folder = Path(folder)
     weights = folder / WEIGHTS
@@ -566,8 +566,8 @@ def _public_base(base_model: str) -> str:
 def write_card(folder: Path) -> None:
     """The model card (README.md) from the adapter's record; written again alone when only the record
     changed (a served adapter whose init or teacher was replaced), leaving the weights untouched."""
-    from ..adapters import read_adapter
-    from ..router import INSTRUCTION
+    from ..adapters.lora import read_adapter
+    from ..adapters.router import INSTRUCTION
 
     folder = Path(folder)
     meta = read_adapter(folder).meta
@@ -616,7 +616,7 @@ history are in `skipdecode.json`.
 
 
 def _teacher_words(teacher: str) -> str:
-    from ..adapters import NONE
+    from ..adapters.lora import NONE
 
     return "the full-depth base model" if str(teacher).lower() in NONE else f"the full-depth model with `{teacher}`"
 
