@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The int8 kernel's two weight layouts, one step's 120 products (random blocks of SmolLM2-135M's shapes, 66 MB),
 # in turns in one process, best of N rounds each: the layout before the native layers (pairs of blocks a row,
-# 8 input rows a pass; w4a8.c at commit 276b546, today's w4a8.c) and today's (16 rows interleaved a block, one unpack for every
+# 8 input rows a pass; q8.c at commit 276b546, today's w4a8.c) and today's (16 rows interleaved a block, one unpack for every
 # input row of a pass). Cited by docs/research/native-step.md.
 #     bash experiments/q8_layouts.sh [rounds]        # OMP_NUM_THREADS=1 by default: one core, fewer waits
 set -euo pipefail
