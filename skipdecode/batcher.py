@@ -78,18 +78,26 @@ class BatchInfo:
 
 @dataclass
 class Update:
-    """One request's view of its batch after a position: a snapshot, safe to keep."""
+    """One request's view of its batch after a position: a snapshot, safe to keep. Its `text` is decoded
+    where it is read, once (the worker that runs the batch never detokenizes)."""
 
     row: int  # this request's row in the batch
     batch: BatchInfo
     prompt_ids: list[int]
     token_ids: list[int]
-    text: str
+    decoded: str | None  # the text, where it is known already (a replayed record); else `tokenizer` decodes it
     finished: bool  # this row has stopped (EOS or token limit)
     done: bool  # the whole batch has stopped and the trace is complete
     trace: Trace  # the batch's trace so far, shared by every row
     verification: dict | None = None  # a verified run's counts and marks (skipdecode/speculative/verify.py), else None
     states: torch.Tensor | None = None  # a teacher-forced request's last hidden states [positions, d]
+    tokenizer: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        if self.decoded is None:
+            self.decoded = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        return self.decoded
 
 
 @dataclass(eq=False)
@@ -364,14 +372,13 @@ class _Batch:
             with lock:
                 generation = self.generation = next(self.stream)
             trace = _snapshot(generation.trace)
-            texts = generation.texts
             verification = getattr(generation, "verification", None)
             verification = verification.to_dict() if verification is not None else None
             for row, request in enumerate(self.requests):
                 if not request.cancelled:
                     request.send(Update(row, self.info, request.prompt_ids, list(generation.token_ids[row]),
-                                        texts[row], generation.finished[row], generation.done, trace,
-                                        verification))
+                                        None, generation.finished[row], generation.done, trace,
+                                        verification, tokenizer=generation.tokenizer))
         except StopIteration:
             return False
         except Exception as error:  # a failed batch fails its own requests, never the worker
@@ -434,9 +441,8 @@ class _Continuous:
             info = BatchInfo(self.info.number, shared, row.schedule.to_dict(), self.info.started)
             states = torch.cat(row.states) if row.states_from is not None and row.finished else None
             tokens = row.group.tokens if row.group else row.token_ids  # a search's: its best hypothesis so far
-            request.send(Update(0, info, request.prompt_ids, list(tokens),
-                                row.engine.tokenizer.decode(tokens, skip_special_tokens=True), row.finished,
-                                row.finished, _snapshot(row.trace), states=states))
+            request.send(Update(0, info, request.prompt_ids, list(tokens), None, row.finished, row.finished,
+                                _snapshot(row.trace), states=states, tokenizer=row.engine.tokenizer))
         return True
 
 
