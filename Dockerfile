@@ -8,8 +8,7 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 GRADIO_ANALYTICS_ENABLED=False \
     GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7860 HOME=/home/user
 # g++ (gcc with it): the CPU path's C kernels build at the warm-up below (skipdecode/kernels/native.py; a host with
-# another CPU builds its own at first start, in seconds), and with SKIPDECODE_COMPILE=on the decode step
-# compiles each layer into C++ (skipdecode/kernels/compiled.py)
+# another CPU builds its own at first start, in seconds)
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
@@ -29,8 +28,7 @@ RUN pip install --no-deps .
 
 USER user
 # Dequantize the bundled model once, build the C kernels and run the warm-up's batches once, at build time, so
-# the container starts in seconds (with SKIPDECODE_COMPILE=on this also compiles the decode step: inductor's
-# cache lives inside the model cache, skipdecode/kernels/compiled.py).
+# the container starts in seconds.
 RUN python -c "from skipdecode.models import cached_default; cached_default()" \
  && python -c "from skipdecode.engine import Engine; e = Engine.load(); \
 [e.generate(['Hello'] * b, max_new_tokens=2) for b in (1, 2)]; print(e.step_label, e.weights_label)"

@@ -43,18 +43,12 @@ def _products(engine) -> tuple[str, str | None]:
     return plain, f"The fast 8-bit kernel is not running ({reason}): PyTorch's 4-bit kernel runs instead, slower."
 
 
-def _step(engine) -> tuple[str, str | None]:
-    """(how one decode step runs, a warning when compiling it was asked for and failed)."""
-    label = str(getattr(engine, "step_label", ""))
-    if label == "CUDA graphs":
-        return "Each step replays a recorded GPU graph.", None
-    if label == "compiled step":
-        return "Each step runs as one compiled program.", None
-    eager = ("Each step runs a token's layers in one call to the C library, each layer's whole work in C."
-             if getattr(engine.decoder, "fused", None) is not None else "Each step runs layer by layer in PyTorch.")
-    if "compiling failed" in label:
-        return eager, f"Compiling the decode step failed: {eager[0].lower() + eager[1:-1]} instead."
-    return eager, None
+def _step(engine) -> str:
+    """How one decode step runs."""
+    if str(getattr(engine, "step_label", "")) == "CUDA graphs":
+        return "Each step replays a recorded GPU graph."
+    return ("Each step runs a token's layers in one call to the C library, each layer's whole work in C."
+            if getattr(engine.decoder, "fused", None) is not None else "Each step runs layer by layer in PyTorch.")
 
 
 def sentences(engine) -> list[str]:
@@ -62,8 +56,7 @@ def sentences(engine) -> list[str]:
     device = engine.decoder.device.type
     where = "on this machine's graphics card" if device == "cuda" else "on this machine's processor"
     products, _ = _products(engine)
-    step, _ = _step(engine)
-    return [f"The model is {public_name(engine.name)}, {engine.num_layers} layers, {where}.", products, step,
+    return [f"The model is {public_name(engine.name)}, {engine.num_layers} layers, {where}.", products, _step(engine),
             *batching(engine)]
 
 
@@ -82,7 +75,7 @@ def batching(engine) -> list[str]:
 
 def warnings(engine) -> list[str]:
     """The fallbacks in effect, one sentence each; empty when everything runs as intended."""
-    return [w for w in (_products(engine)[1], _step(engine)[1]) if w]
+    return [w for w in (_products(engine)[1],) if w]
 
 
 def how_html(engine) -> str:

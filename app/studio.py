@@ -448,7 +448,7 @@ class Studio:
         calls of a fresh process take seconds that the first visitor should not wait for."""
         for _ in self.compare("Hello", Settings(speedup=2.0, max_new_tokens=2), self.base.label):
             pass
-        # which decode step and product kernel serve (skipdecode/kernels/compiled.py, skipdecode/kernels/w4a8.py: and why), in the log
+        # which decode step and product kernel serve (and why: skipdecode/kernels/w4a8.py), in the log
         engine = self.engine(self.base)
         log.warning("decode step: %s; weights: %s", engine.step_label, engine.weights_label)
 

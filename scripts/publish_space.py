@@ -42,7 +42,7 @@ ALLOW = [
     "README.md",  # the Space's card; its front matter sets sdk, sdk_version, python_version and app_file
     ".gitattributes",  # which files the Hub stores through LFS/Xet
     "requirements.txt",  # what a Gradio Space installs
-    "packages.txt",  # the Debian packages it installs: g++ (gcc with it), for the C kernels and the compiled step
+    "packages.txt",  # the Debian packages it installs: g++ (gcc with it), for the C kernels
     "pyproject.toml",
     "app.py",  # the entry point: `python app.py`
     "app/*.py",

@@ -5,8 +5,8 @@ batch, one all-layer prefill, then one column of the batch at a time through the
 a static KV cache, with finished rows compacted away. A per-token method (`peers.EarlyExit`) plugs in as
 a column policy: an object with `num_layers`, `to_dict()` and `run(...)` like `Scheduled` below.
 On a GPU a schedule's columns run as CUDA graphs (skipdecode/kernels/cuda_graphs.py): the same loop, handed a static
-step in place of the decoder, which keeps finished rows instead of compacting them. On a CPU the 4-bit path's
-static step runs each layer as one compiled graph (skipdecode/kernels/compiled.py; $SKIPDECODE_COMPILE).
+step in place of the decoder, which keeps finished rows instead of compacting them. On a CPU the steps run
+eagerly, on the native kernels (skipdecode/kernels/native.py) where they load.
 """
 
 from __future__ import annotations
@@ -88,8 +88,6 @@ class Engine:
         # step runs uncaptured (skipdecode/kernels/cuda_graphs.py; how the tests check it). A host sets it for every engine.
         self.graphs = os.environ.get(GRAPHS_ENV, "auto")
         self._steps = None
-        self.compile = None  # "auto", "on" or "off"; None: $SKIPDECODE_COMPILE
-        self._compiled = None
         # Prompt prefixes computed once, for every later batch-1 prefill on these weights (skipdecode/prefix.py);
         # None: every prefill runs the whole prompt.
         self.prefixes = PREFIXES
@@ -136,21 +134,11 @@ class Engine:
         return self.decoder.weights_label
 
     @property
-    def compiled(self):
-        """The decoder's compiled layer (skipdecode/kernels/compiled.py), or why its CPU step stays eager."""
-        from .kernels.compiled import Compiled, setting
-
-        value = self.compile or setting()
-        if self._compiled is None or (self._compiled.dec, self._compiled.value) != (self.decoder, value):
-            self._compiled = Compiled(self.decoder, value)
-        return self._compiled
-
-    @property
     def step_label(self) -> str:
         """Which decode step runs, in words the bench header, the log and the page show."""
         if self.graphs == "off":
             return f"eager step: {GRAPHS_ENV}=off"
-        return "CUDA graphs" if self.decoder.device.type == "cuda" else self.compiled.label
+        return "CUDA graphs" if self.decoder.device.type == "cuda" else "eager step"
 
     @torch.inference_mode()
     def hidden_states(self, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -223,8 +211,8 @@ class Engine:
                 self._steps.give(static)
 
     def _static_step(self, policy, batch: int, width: int):
-        """A static decode step for this generation (skipdecode/kernels/cuda_graphs.py: CUDA graphs on a GPU; on a CPU
-        with compiled layers, skipdecode/kernels/compiled.py), or None for the eager one."""
+        """A static decode step for this generation (skipdecode/kernels/cuda_graphs.py: CUDA graphs on a GPU; on a
+        CPU only with graphs "on", uncaptured, as the tests check it), or None for the eager one."""
         from .kernels.cuda_graphs import StaticSteps
 
         cuda = self.decoder.device.type == "cuda"
@@ -232,11 +220,10 @@ class Engine:
             raise ValueError(f"graphs must be 'auto', 'on' or 'off'; got {self.graphs!r}")
         if self.graphs == "off" or not isinstance(policy, Scheduled):
             return None
-        compiled = None if cuda else self.compiled
-        if self.graphs == "auto" and not cuda and compiled.fn is None:
+        if self.graphs == "auto" and not cuda:
             return None
-        if self._steps is None or self._steps.dec is not self.decoder or self._steps.compiled is not compiled:
-            self._steps = StaticSteps(self.decoder, capture=cuda, compiled=compiled)
+        if self._steps is None or self._steps.dec is not self.decoder:
+            self._steps = StaticSteps(self.decoder, capture=cuda)
         return self._steps.take(batch, width)
 
     def _decode(self, prompts, encoded, policy, dec, cache, static, ids, valid, bias, width, max_new_tokens,

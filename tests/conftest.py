@@ -205,6 +205,34 @@ class IdTokenizer:
         return " ".join(str(i) for i in ids)
 
 
+# Left padding in every row but one: what the tiny 4-bit engines decode in a batch.
+BATCH = [[1, 17, 43, 99, 5], [1, 250, 7], [1, 8, 9, 10, 11, 12, 13, 14]]
+
+
+def tiny_int4(layers: int = 6, lora: int = 0, c_kernels: bool = False) -> Engine:
+    """A random Llama on the 4-bit path: its matrices quantized to Q4_1-style blocks, packed for PyTorch's
+    int4 kernel, or with `c_kernels` for the int8 kernel beside the C attention (skipdecode/kernels/native.py);
+    with `lora`, a random rank-`lora` adapter unmerged on the fused query/key/value product."""
+    from skipdecode.kernels import native, q4, w4a8
+
+    model = tiny_model("llama", layers=layers)
+    blocks = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+
+        def int4(*linears):
+            found = q4.quantize(torch.cat([lin.weight.detach() for lin in linears]))
+            return w4a8.W4A8Linear.of(found) if c_kernels else q4.Int4Linear.of(found)
+
+        qkv = int4(a.q_proj, a.k_proj, a.v_proj)
+        if lora:
+            qkv = qkv.with_lora(torch.randn(qkv.in_features, lora) * 0.1, torch.randn(lora, qkv.out_features) * 0.1)
+        blocks.append((qkv, int4(a.o_proj), int4(m.gate_proj, m.up_proj), int4(m.down_proj)))
+    head = q4.RescoredHead(model.get_output_embeddings().weight.detach(), rescore=16)
+    weights = q4.GGUFWeights(blocks, head, "int4 (tiny)", attention=native.attention if c_kernels else None)
+    return Engine(model, IdTokenizer(), weights=weights)
+
+
 def tiny_checkpoint(folder, layers: int = 6):
     """A random Llama (6 layers unless told) with the default model's tokenizer (chat template included),
     on disk."""

@@ -120,11 +120,11 @@ def test_goals_are_ratios_against_thresholds():
 
 def test_goals_are_checked_for_each_decode_step():
     rows = [{"method": m, "speedup": s, "batch_size": 1, "tokens_per_s": t, "efficiency": e, "step": step}
-            for step, scale in (("eager step", 1.0), ("compiled step", 1.5))
+            for step, scale in (("eager step", 1.0), ("CUDA graphs", 1.5))
             for m, s, t, e in (("full", 1, 50 * scale, 1.0), ("skipdecode", 3, 100 * scale, 0.95 * scale))]
     got = {g["goal"]: g["value"] for g in goals(rows)}
     assert got == {"[eager step] SkipDecode 3x, batch 1: efficiency (measured / bound)": 0.95,
-                   "[compiled step] SkipDecode 3x, batch 1: efficiency (measured / bound)": 1.425}
+                   "[CUDA graphs] SkipDecode 3x, batch 1: efficiency (measured / bound)": 1.425}
 
 
 def test_speed_figure_is_built_from_rows():

@@ -188,7 +188,7 @@ def test_a_tiny_llama_on_the_c_kernels_decodes_each_row_as_alone_and_scores_what
     """The engine on the int8 kernel and the C attention: left-padded rows of a batch decode the tokens they
     decode alone (full depth and a SkipDecode schedule), and the teacher-forced pass (the page's scores)
     picks the tokens decoding chose."""
-    from test_compiled import BATCH, tiny_int4
+    from conftest import BATCH, tiny_int4
 
     from skipdecode.schedule import Schedule
 
@@ -205,7 +205,7 @@ def test_a_tiny_llama_on_the_c_kernels_decodes_each_row_as_alone_and_scores_what
 
 def adapted_tiny_llama(rank: int = 4):
     """The tiny Llama on the C kernels with a random LoRA term on every product (as a served adapter has)."""
-    from test_compiled import tiny_int4
+    from conftest import tiny_int4
 
     engine = tiny_int4(c_kernels=True)
     g = torch.Generator().manual_seed(1)

@@ -17,7 +17,7 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def engine():
-    from test_compiled import tiny_int4
+    from conftest import tiny_int4
 
     return tiny_int4(c_kernels=True)
 
@@ -212,7 +212,7 @@ def test_rows_of_different_adapters_over_one_base_share_a_step_each_with_its_own
     assert [r.token_ids for r in rows] == expected
     assert max(step.rows for r in rows for step in r.trace.steps) == 3
     with pytest.raises(ValueError, match="not an adapter of this batch's base"):
-        from test_compiled import tiny_int4
+        from conftest import tiny_int4
 
         slots.add(Row(ids, schedule, NEW, engine=tiny_int4(c_kernels=True)))
 

@@ -28,9 +28,9 @@ tokens/s, and ttft_vs_llamacpp = their time to first token (prefill and first to
 the GGUF's stored bytes. llama-cpp-python's high-level `generate`, timed in the same rounds, gives its Python
 overhead per token (generate_overhead_ms), kept out of the row's figures.
 
-`--step eager,compiled` times every case with each decode step in turns, in the same rounds (the eager step,
-and the static step with compiled layers: skipdecode/kernels/compiled.py), so that the compiled step's gain is a
-ratio inside one run; each row names its step, and the goals are checked per step.
+`--step default,eager` times every case with each decode step in turns, in the same rounds (on a GPU: CUDA
+graphs and the eager step), so that the graphs' gain is a ratio inside one run; each row names its step, and
+the goals are checked per step.
 
 Every run generates exactly `new_tokens` tokens per row (EOS does not stop it), so all rows of a run are
 comparable. Rounds go round-robin over the cases, so slow drift in machine load hits every case alike;
@@ -203,9 +203,9 @@ class Case:
     speedup: float
     batch_size: int
     policy: object  # a Schedule or a peers.EarlyExit
-    step: str = "default"  # the decode step (STEPS): the engine's own, or eager or compiled
+    step: str = "default"  # the decode step (STEPS): the engine's own, or eager
     kernel: str = "default"  # the 4-bit products' kernel (KERNELS): the engine's own, or q8 or bf16
-    label: str = ""  # the step as it ran (Engine.step_label: a failed compile runs eagerly and says so)
+    label: str = ""  # the step as it ran (Engine.step_label)
     samples: list = field(default_factory=list)  # (total_ms, first_token_ms, decode_ms per step)
     generation: object = None
     hf: list = field(default_factory=list)  # (total_ms, first_token_ms) of transformers' generate
@@ -213,7 +213,7 @@ class Case:
     generate: list = field(default_factory=list)  # llama.cpp's row: samples of llama-cpp-python's Llama.generate
 
 
-STEPS = {"default": None, "eager": ("auto", "off"), "compiled": ("auto", "on")}  # (engine.graphs, engine.compile)
+STEPS = {"default": None, "eager": "off"}  # engine.graphs
 
 
 KERNELS = ("default", "q8", "bf16")  # $SKIPDECODE_KERNEL's settings (skipdecode/kernels/w4a8.py); default: as loaded
@@ -243,9 +243,7 @@ def kernel_decoders(engine, kernels, load) -> dict:
 def use_step(engine, step: str) -> str:
     """Set the engine's decode step (STEPS) and return its label (Engine.step_label)."""
     if STEPS[step] is not None:
-        engine.graphs, engine.compile = STEPS[step]
-        if step == "eager" and engine.decoder.device.type == "cuda":
-            engine.graphs = "off"
+        engine.graphs = STEPS[step]
     return engine.step_label
 
 
@@ -842,8 +840,8 @@ def register(subparsers) -> None:
                             "$SKIPDECODE_KERNEL), q8 (skipdecode/kernels/w4a8.c), bf16 (PyTorch's int4 kernel); each row "
                             "names its weights")
     bench.add_argument("--step", default="default",
-                       help="decode steps to time in turns, comma-separated: default (the engine's own: "
-                            "$SKIPDECODE_COMPILE), eager, compiled (skipdecode/kernels/compiled.py); each row names its step")
+                       help="decode steps to time in turns, comma-separated: default (the engine's own: CUDA graphs "
+                            "on a GPU), eager; each row names its step")
     bench.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     bench.add_argument("--no-peer", action="store_true", help="skip the per-token early-exit peer")
     bench.add_argument("--no-llamacpp", action="store_true",

@@ -16,8 +16,7 @@ batch keeps its size to the end: finished rows are not compacted away, which on 
 nothing. Per-token policies (peers.EarlyExit) decide per row and run eagerly.
 
 On a CPU the same static step runs without capture (`capture=False`): that is how the tests check, on any
-machine, that the graphed step's math decodes exactly what the eager step decodes. There a layer may run
-as a compiled graph instead (skipdecode/kernels/compiled.py, `compiled`): the same buffers, one graph for every layer.
+machine, that the graphed step's math decodes exactly what the eager step decodes.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ from ..cache import KVCache, cache_dtype
 from ..transformer import Decoder
 
 MIN_WIDTH = 256  # cache widths are rounded up to a power of two from here, so prompts share graphs
-# ... and from here on a CPU, where attention over the whole width costs in proportion to it (a graph per
-# width is compiled once and cached on disk: skipdecode/kernels/compiled.py)
+# ... and from here on a CPU, where attention over the whole width costs in proportion to it
 MIN_CPU_WIDTH = 64
 MAX_STEPS = 4  # static steps kept per engine (each holds a KV cache of its batch x width) ...
 MAX_CACHE_BYTES = 1 << 30  # ... and their caches together at most this (one step alone may be larger)
@@ -51,8 +49,8 @@ def bucket(width: int, limit: int, minimum: int = MIN_WIDTH) -> int:
 class StaticStep:
     """Buffers, cache and graphs of the decode step for one batch size and cache width."""
 
-    def __init__(self, dec: Decoder, batch: int, width: int, capture: bool, compiled=None):
-        self.dec, self.batch, self.width, self.compiled = dec, batch, width, compiled
+    def __init__(self, dec: Decoder, batch: int, width: int, capture: bool):
+        self.dec, self.batch, self.width = dec, batch, width
         device, L = dec.device, dec.num_layers
         self.cache = KVCache(L, batch, dec.num_kv_heads, width, dec.head_dim, device, dec.dtype)
         self.cache.data.zero_()  # masked columns weigh 0, and 0 x NaN from uninitialized memory is NaN
@@ -82,9 +80,6 @@ class StaticStep:
 
     def _layer(self, layer: int):
         keys, values = self.cache.data[layer, 0], self.cache.data[layer, 1]
-        if self.compiled is not None and self.compiled.layer(layer, self.x, self.rope, self.mask, keys, values,
-                                                             self.column):
-            return
         self.x.copy_(self.dec.block(layer, self.x, self.rope, self.mask, keys, values, self.column))
 
     def _head(self):
@@ -155,8 +150,8 @@ class StaticSteps:
     thread: two at once get two steps). At most MAX_STEPS are kept, their caches within MAX_CACHE_BYTES:
     the least recently used free ones go first; a generation that would exceed either decodes eagerly."""
 
-    def __init__(self, dec: Decoder, capture: bool, compiled=None):
-        self.dec, self.capture, self.compiled = dec, capture, compiled
+    def __init__(self, dec: Decoder, capture: bool):
+        self.dec, self.capture = dec, capture
         self.free: OrderedDict[int, StaticStep] = OrderedDict()
         self.lent: dict[int, int] = {}  # id -> cache bytes of the steps out on loan
         self.lock = threading.Lock()
@@ -184,7 +179,7 @@ class StaticSteps:
             token = object()  # holds the loan's place until the step exists
             self.lent[id(token)] = new
         try:
-            step = StaticStep(self.dec, batch, size, self.capture, self.compiled)
+            step = StaticStep(self.dec, batch, size, self.capture)
         except BaseException:
             with self.lock:
                 del self.lent[id(token)]
