@@ -102,3 +102,26 @@ class BeamSearch:
     def best(self, p: int) -> list[int]:
         """Prompt p's output so far: its best finished hypothesis, else its best running beam."""
         return self.finished[p][0][1] if self.finished[p] else self.running[p][0]
+
+
+def beam_search(forward, gen, search: BeamSearch):
+    """The beam-search strategy over a generation's forward passes (engine.Forward): each prompt's output
+    is its best beam so far; beams are reordered after each step, never dropped."""
+
+    def choose(logits):
+        token, origin = search.step(logits)
+        forward.reorder(origin)
+        return token
+
+    token = forward.prefill(choose)
+    for step in range(search.max_new_tokens):
+        gen.token_ids = [search.best(p) for p in range(len(gen.prompts))]
+        gen.finished = [not still for still in search.open]
+        forward.trace.generated_tokens += len(forward.encoded)
+        if search.done:
+            break
+        yield gen
+        token = forward.column(step, token, choose)
+    forward.finish()
+    gen.done = True
+    yield gen

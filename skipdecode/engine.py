@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .beam import Beam, BeamSearch
+from .beam import Beam, BeamSearch, beam_search
 from .cache import KVCache
 from .prefix import PREFIXES, prefill
 from .prompts import encode_prompt, has_chat_template
@@ -181,34 +181,55 @@ class Engine:
     @torch.inference_mode()
     def run(self, requests: list[Request], prompts: list | None = None) -> Iterator[Generation]:
         """Checked requests (skipdecode/request.py) that share their settings, as one batch of one position;
-        `prompts`, what the caller asked (text or ids), are kept in the generation (default: the ids)."""
+        `prompts`, what the caller asked (text or ids), are kept in the generation (default: the ids). The
+        strategy drives the forward passes: one token at a time (`_tokens`) or a beam search (beam.search)."""
         first = requests[0]
         if any(r.settings() != first.settings() for r in requests):
             raise ValueError("the requests of one batch share their schedule, token limit, sampling and beam")
-        dec, policy, max_new_tokens, beam = self.decoder, first.schedule, first.max_new_tokens, first.beam
-        policy = policy if hasattr(policy, "run") else Scheduled(policy)
+        policy = first.schedule if hasattr(first.schedule, "run") else Scheduled(first.schedule)
         prompts = prompts or [list(r.prompt_ids) for r in requests]
-        encoded = [list(r.prompt_ids) for r in requests for _ in range(first.rows)]  # each prompt's beams are rows of the batch
-        B, P = len(encoded), max(len(ids) for ids in encoded)
-        width = P + max_new_tokens
-        device = dec.device
-        ids = torch.tensor([[self.pad_id] * (P - len(e)) + e for e in encoded], device=device)
-        pads = [P - len(e) for e in encoded]
-        valid = torch.ones(B, width, dtype=torch.bool, device=device)
-        for row, pad in enumerate(pads):
-            valid[row, :pad] = False
-        # Additive masks, made once: SDPA would otherwise turn a boolean mask into one at every layer.
-        # Without padding the decode steps need no mask at all.
-        bias = dec.attention_bias(valid) if any(pads) else None
-        static = self._static_step(policy, B, width)
-        cache = static.begin(valid) if static else KVCache(self.num_layers, B, dec.num_kv_heads, width,
-                                                           dec.head_dim, device, dec.dtype)
+        encoded = [list(r.prompt_ids) for r in requests for _ in range(first.rows)]  # a prompt's beams are rows
+        forward = Forward(self, policy, encoded, first.max_new_tokens, first.rows)
+        gen = Generation(prompts, [[] for _ in prompts], [False] * len(prompts), forward.trace, self.tokenizer)
         try:
-            yield from self._decode(prompts, encoded, policy, dec, cache, static, ids, valid, bias, width,
-                                    max_new_tokens, first.sampling, first.stop_at_eos, beam)
+            if first.beam:
+                search = BeamSearch(first.beam, len(prompts), self.eos_ids, first.max_new_tokens, self.decoder.device)
+                yield from beam_search(forward, gen, search)
+            else:
+                yield from self._tokens(forward, gen, first)
         finally:
-            if static:
-                self._steps.give(static)
+            forward.close()
+
+    def _tokens(self, forward: "Forward", gen: Generation, request: Request) -> Iterator[Generation]:
+        """One token a row at each position (greedy or sampled); rows that have finished are compacted away
+        once that saves work."""
+        generator = request.sampling.generator(self.decoder.device)
+
+        def choose(logits):
+            return next_tokens(logits, request.sampling, generator)
+
+        token = forward.prefill(choose)
+        rows = list(range(len(gen.prompts)))  # original row of each row still in the batch
+        n = request.max_new_tokens
+        for step in range(n):
+            keep = []  # record what the last forward produced; drop rows that have finished
+            for i, (row, t) in enumerate(zip(rows, token.tolist())):
+                if not gen.finished[row]:
+                    gen.token_ids[row].append(t)
+                    forward.trace.generated_tokens += 1
+                    gen.finished[row] = (request.stop_at_eos and t in self.eos_ids) or len(gen.token_ids[row]) == n
+                if not gen.finished[row]:
+                    keep.append(i)
+            if not keep:
+                break
+            if not forward.static and _worth_compacting(len(rows) - len(keep), len(rows), n - step):
+                token = token[forward.keep(keep)]
+                rows = [rows[i] for i in keep]
+            yield gen
+            token = forward.column(step, token, choose)
+        forward.finish()
+        gen.done = True
+        yield gen
 
     def _static_step(self, policy, batch: int, width: int):
         """A static decode step for this generation (skipdecode/kernels/cuda_graphs.py: CUDA graphs on a GPU; on a
@@ -226,95 +247,98 @@ class Engine:
             self._steps = StaticSteps(self.decoder, capture=cuda)
         return self._steps.take(batch, width)
 
-    def _decode(self, prompts, encoded, policy, dec, cache, static, ids, valid, bias, width, max_new_tokens,
-                sampling, stop_at_eos, beam):
-        L, B, P, device = self.num_layers, len(encoded), ids.shape[1], dec.device
-        generator = None if beam else sampling.generator(device)
-        search = BeamSearch(beam, len(prompts), self.eos_ids, max_new_tokens, device) if beam else None
-        trace = Trace(L, B, P, policy.to_dict())
-        gen = Generation(prompts, [[] for _ in prompts], [False] * len(prompts), trace, self.tokenizer)
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-        # Prefill: every layer on the whole prompt; a pad column may attend only to itself. The beams of a
-        # prompt share it: it runs once per prompt, and its keys and values are copied to every beam's row.
+class Forward:
+    """One generation's forward passes over its cache: the prefill, then one column at a time through the
+    policy's layers, eagerly or on a static step (skipdecode/kernels/cuda_graphs.py). A strategy (Engine._tokens,
+    beam.beam_search) chooses the tokens; `choose` runs inside each pass's timing, as the token is part of it."""
+
+    def __init__(self, engine: "Engine", policy, encoded: list[list[int]], max_new_tokens: int, beams: int = 1):
+        dec = self.dec = engine.decoder
+        self.engine, self.policy, self.encoded, self.K = engine, policy, encoded, beams
+        B, P = len(encoded), max(len(ids) for ids in encoded)
+        self.P, self.width, device = P, P + max_new_tokens, dec.device
+        self.ids = torch.tensor([[engine.pad_id] * (P - len(e)) + e for e in encoded], device=device)
+        pads = [P - len(e) for e in encoded]
+        self.valid = torch.ones(B, self.width, dtype=torch.bool, device=device)
+        for row, pad in enumerate(pads):
+            self.valid[row, :pad] = False
+        # Additive masks, made once: SDPA would otherwise turn a boolean mask into one at every layer.
+        # Without padding the decode steps need no mask at all.
+        self.bias = dec.attention_bias(self.valid) if any(pads) else None
+        self.static = engine._static_step(policy, B, self.width)
+        self.cache = self.static.begin(self.valid) if self.static else KVCache(
+            engine.num_layers, B, dec.num_kv_heads, self.width, dec.head_dim, device, dec.dtype)
+        self.trace = Trace(engine.num_layers, B, P, policy.to_dict())
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.position = None
+
+    def prefill(self, choose) -> torch.Tensor:
+        """Every layer on the whole prompt (a pad column may attend only to itself); the first tokens. The
+        beams of a prompt share it: it runs once per prompt, its keys and values copied to every beam's row."""
+        dec, cache, K, P, L, device = self.dec, self.cache, self.K, self.P, self.engine.num_layers, self.dec.device
         started = time.perf_counter()
-        K = search.K if search else 1
-        positions = (valid[::K, :P].long().cumsum(-1) - 1).clamp(min=0)
-        if B == 1 and self.prefixes is not None:  # one prompt: a prefix an earlier prefill computed is reused
-            logits, trace.prefix_tokens = prefill(dec, cache, encoded[0], self.prefixes)
+        positions = (self.valid[::K, :P].long().cumsum(-1) - 1).clamp(min=0)
+        if len(self.encoded) == 1 and self.engine.prefixes is not None:  # a prefix computed before is reused
+            logits, self.trace.prefix_tokens = prefill(dec, cache, self.encoded[0], self.engine.prefixes)
         else:
             causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-            mask = dec.attention_bias((causal & valid[::K, None, :P]) | torch.eye(P, dtype=torch.bool, device=device))
-            x, rope = dec.embed(ids[::K], positions), dec.rope(positions, limit=width)
-            shared = cache if K == 1 else KVCache(L, B // K, dec.num_kv_heads, P, dec.head_dim, device, dec.dtype)
+            mask = dec.attention_bias((causal & self.valid[::K, None, :P]) | torch.eye(P, dtype=torch.bool,
+                                                                                      device=device))
+            x, rope = dec.embed(self.ids[::K], positions), dec.rope(positions, limit=self.width)
+            shared = cache if K == 1 else KVCache(L, len(self.encoded) // K, dec.num_kv_heads, P, dec.head_dim,
+                                                  device, dec.dtype)
             for layer in range(L):
                 x = dec.block(layer, x, rope, mask[:, None], *shared.claim(layer, 0, P), 0)
             logits = dec.logits(x[:, -1])
         if K > 1:
             cache.fill_rows(shared, K)
             logits, positions = logits.repeat_interleave(K, 0), positions.repeat_interleave(K, 0)
-        token = self._choose(logits, sampling, generator, search, cache, P)
-        position = positions[:, -1:] + 1
-        rows = list(range(B))  # original row of each row still in the batch
-        sync()
-        trace.prefill_ms = (time.perf_counter() - started) * 1000.0
-
-        for step in range(max_new_tokens):
-            if search:  # a prompt's output is its best beam so far; beams are reordered, never dropped
-                gen.token_ids = [search.best(p) for p in range(len(prompts))]
-                gen.finished = [not still for still in search.open]
-                trace.generated_tokens += B
-                if search.done:
-                    break
-            else:  # record what the last forward produced; drop rows that have finished
-                keep = []
-                for i, (row, t) in enumerate(zip(rows, token.tolist())):
-                    if not gen.finished[row]:
-                        gen.token_ids[row].append(t)
-                        trace.generated_tokens += 1
-                        gen.finished[row] = ((stop_at_eos and t in self.eos_ids)
-                                             or len(gen.token_ids[row]) == max_new_tokens)
-                    if not gen.finished[row]:
-                        keep.append(i)
-                if not keep:
-                    break
-                if not static and _worth_compacting(len(rows) - len(keep), len(rows), max_new_tokens - step):
-                    index = torch.tensor(keep, device=device)
-                    cache.keep_rows(index)
-                    token, position = token[index], position[index]
-                    bias = bias[index] if bias is not None else None
-                    rows = [rows[i] for i in keep]
-            yield gen
-
-            # Position `step`: the policy runs the column's layers (for a schedule: the same for every row).
-            started = time.perf_counter()
-            column = P + step
-            if static:
-                x, record = policy.run(static, cache, step, column, *static.inputs(token, position, column))
-                logits = static.head()
-            else:
-                x, rope = dec.embed(token[:, None], position), dec.rope(position, limit=width)
-                mask = bias[:, None, None, : column + 1] if bias is not None else None
-                x, record = policy.run(dec, cache, step, column, x, rope, mask)
-                logits = dec.logits(x[:, -1])
-            token = self._choose(logits, sampling, generator, search, cache, P)
-            position += 1
-            sync()
-            record.ms = (time.perf_counter() - started) * 1000.0
-            trace.steps.append(record)
-        trace.cache_lengths = list(cache.lengths)
-        gen.done = True
-        yield gen
-
-    @staticmethod
-    def _choose(logits, sampling, generator, search, cache, prompt_columns):
-        """The next token of every row; a beam search also moves the cache rows to the beams they continue
-        (the prompt's columns, the same in every beam of a prompt, stay)."""
-        if search is None:
-            return next_tokens(logits, sampling, generator)
-        token, origin = search.step(logits)
-        cache.reorder_rows(origin, prompt_columns)
+        token = choose(logits)
+        self.position = positions[:, -1:] + 1
+        self.sync()
+        self.trace.prefill_ms = (time.perf_counter() - started) * 1000.0
         return token
+
+    def column(self, step: int, token: torch.Tensor, choose) -> torch.Tensor:
+        """Position `step`: the policy runs the column's layers (for a schedule: the same for every row)."""
+        dec, cache, position = self.dec, self.cache, self.position
+        started = time.perf_counter()
+        column = self.P + step
+        if self.static:
+            x, record = self.policy.run(self.static, cache, step, column, *self.static.inputs(token, position, column))
+            logits = self.static.head()
+        else:
+            x, rope = dec.embed(token[:, None], position), dec.rope(position, limit=self.width)
+            mask = self.bias[:, None, None, : column + 1] if self.bias is not None else None
+            x, record = self.policy.run(dec, cache, step, column, x, rope, mask)
+            logits = dec.logits(x[:, -1])
+        token = choose(logits)
+        self.position += 1
+        self.sync()
+        record.ms = (time.perf_counter() - started) * 1000.0
+        self.trace.steps.append(record)
+        return token
+
+    def keep(self, rows: list[int]) -> torch.Tensor:
+        """Keep only these rows of the batch (their cache, position and mask); the index, for the caller's."""
+        index = torch.tensor(rows, device=self.dec.device)
+        self.cache.keep_rows(index)
+        self.position = self.position[index]
+        self.bias = self.bias[index] if self.bias is not None else None
+        return index
+
+    def reorder(self, origin: torch.Tensor) -> None:
+        """Each row continues row origin[row] (a beam search's step); the prompt's columns, the same in every
+        beam of a prompt, stay."""
+        self.cache.reorder_rows(origin, self.P)
+
+    def finish(self) -> None:
+        self.trace.cache_lengths = list(self.cache.lengths)
+
+    def close(self) -> None:
+        if self.static:
+            self.engine._steps.give(self.static)
 
 
 def _adapter_info(adapter):
