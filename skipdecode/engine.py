@@ -71,7 +71,20 @@ class Scheduled:
         return x, StepRecord(step, len(layers), layers, self.schedule.skipped(step), 0.0, x.shape[0])
 
 
-class Engine:
+class Decoding:
+    """What every way of decoding offers: `stream` (checks its prompts, skipdecode/request.py, and yields the
+    generation after every position or round), `run` (checked requests) and `generate` (the last of `stream`)."""
+
+    def generate(self, prompts, schedule=None, max_new_tokens=64, sampling=Sampling(), chat=None,
+                 stop_at_eos=True, on_step: Callable[[Generation], None] | None = None,
+                 beam: Beam | None = None) -> Generation:
+        for generation in self.stream(prompts, schedule, max_new_tokens, sampling, chat, stop_at_eos, beam):
+            if on_step is not None:
+                on_step(generation)
+        return generation
+
+
+class Engine(Decoding):
     def __init__(self, model: torch.nn.Module, tokenizer, name: str | None = None, weights=None):
         """`weights`: the matrices to decode with instead of the model's own (q4.GGUFWeights)."""
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -157,14 +170,6 @@ class Engine:
         return encode_prompt(self.tokenizer, prompt, chat)
 
     # ---- generation ---------------------------------------------------------------------------
-    def generate(self, prompts, schedule=None, max_new_tokens=64, sampling=Sampling(), chat=None,
-                 stop_at_eos=True, on_step: Callable[[Generation], None] | None = None,
-                 beam: Beam | None = None) -> Generation:
-        for generation in self.stream(prompts, schedule, max_new_tokens, sampling, chat, stop_at_eos, beam):
-            if on_step is not None:
-                on_step(generation)
-        return generation
-
     def stream(self, prompts, schedule: Schedule | None = None, max_new_tokens: int = 64,
                sampling: Sampling = Sampling(), chat: bool | None = None,
                stop_at_eos: bool = True, beam: Beam | None = None) -> Iterator[Generation]:

@@ -38,7 +38,7 @@ import torch
 
 from ..cache import KVCache
 from .drafting import PROMPT, SKIPDECODE, THRESHOLD, Costs, Pacing
-from ..engine import Engine, Generation, Prompt, Scheduled
+from ..engine import Decoding, Engine, Generation, Prompt, Scheduled
 from ..request import Request, check
 from .prompt_lookup import MIN_NGRAM, NGRAM, PromptLookup
 from ..prefix import VERIFIED_PREFIXES, PrefixCache, forward, prefill
@@ -150,7 +150,7 @@ class VerifiedGeneration(Generation):
         return {**super().to_dict(), "verification": self.verification.to_dict()}
 
 
-class Verified:
+class Verified(Decoding):
     """`draft` drafts under the stream's schedule; `verifier` checks at full depth. Both must share a
     tokenizer (adapters of one base). `draft_tokens`: k, drafts a round at most; `threshold`: the
     confidence stop; `lookup`: prompt lookup's (longest, shortest) n-gram, or None for no copies from the
@@ -192,8 +192,6 @@ class Verified:
         """What the draft chooses among for a request of prompt `ids`: the shortlist, the prompt's tokens and
         the end of sequence (the answer's join as they are emitted); None: the whole vocabulary."""
         return self.draft_head.request(ids + list(self.eos_ids)) if self.draft_head is not None else None
-
-    generate = Engine.generate  # the same loop over `stream` as an engine's
 
     def stream(self, prompts, schedule: Schedule | None = None, max_new_tokens: int = 64,
                sampling: Sampling = Sampling(), chat: bool | None = None, stop_at_eos: bool = True,
