@@ -9,7 +9,6 @@ matrices are fused (query/key/value, gate/up) and, on a CPU, repacked for oneDNN
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,40 +47,11 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():  # a compiled graph cannot hold the packed tensor: go through an op
-            return packed_linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def rows(self, start: int) -> "Linear":
         """The outputs from `start` on, as a linear of their own."""
         return Linear(self.weight[start:], None if self.bias is None else self.bias[start:], self.packed is not None)
-
-
-_PACKED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
-
-
-@torch.library.custom_op("skipdecode::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The packed product as an op torch.compile leaves alone; the packed copy is found by the plain
-    weight it was made from (registered by `Decoder.compile`)."""
-    return torch.ops.mkldnn._linear_pointwise(x, _PACKED[weight.data_ptr()], bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x, weight, bias):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-@torch.library.custom_op("skipdecode::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """F.rms_norm as an op torch.compile calls as it is: inductor's generated reduction sums in another
-    order, and a last-bit difference would part the compiled step's tokens from the eager step's."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-@rms_norm.register_fake
-def _(x, weight, eps):
-    return torch.empty_like(x)
 
 
 def lora_term(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -218,8 +188,6 @@ class Decoder:
     def _norm(self, x, weight_bias):
         weight, bias = weight_bias
         if self.norm == "rms":
-            if torch.compiler.is_compiling():  # inductor's own reduction rounds differently: keep eager's bits
-                return rms_norm(x, weight, self.eps)
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
@@ -256,7 +224,7 @@ class Decoder:
         (None: every column). A `start` given as a one-element tensor is the graphed decode step's form
         (skipdecode/kernels/cuda_graphs.py): one column, written where the tensor says, and the cache's whole width
         attended under a mask that hides the columns after it, so that no shape depends on the position."""
-        if self.fused is not None and not torch.compiler.is_compiling():
+        if self.fused is not None:
             if values.stride() != keys.stride():
                 raise ValueError("keys and values must share their strides")
             return self.fused.forward((layer,), x, rope, mask, keys, start, (values.data_ptr() - keys.data_ptr()) // 4, 0)
@@ -327,7 +295,7 @@ class Decoder:
         """Attention of q [B, H, S, hd] over keys and values [B, Hkv, T, hd] under the additive mask
         [B, 1, S, T] (None: every column), in `attention_dtype` where one is set, else in the cache's dtype
         (see cache_dtype); returned in the cache's dtype."""
-        if self.attention_kernel is not None and not torch.compiler.is_compiling():
+        if self.attention_kernel is not None:
             return self.attention_kernel(q, keys, values, mask)
         wide = self.attention_dtype or keys.dtype
         attn = F.scaled_dot_product_attention(q.to(wide), keys.to(wide), values.to(wide),
@@ -345,19 +313,6 @@ class Decoder:
         kv = self._kv_only[layer](self._norm(x, w.norm1)).view(B, S, 2 * self.num_kv_heads, self.head_dim)
         keys[:, :, start:start + S] = self._rotate(kv[:, :, : self.num_kv_heads], rope).transpose(1, 2)
         values[:, :, start:start + S] = kv[:, :, self.num_kv_heads:].transpose(1, 2)
-
-    def compile(self, **options) -> None:
-        """torch.compile the layer math: pointwise work fused, the packed products left as oneDNN calls.
-        Compilation happens on the first calls of each shape family. Optional: on this 2-core CPU it does
-        not pay (`skipdecode bench --compile` measures it)."""
-        self.register_packed()
-        self._layer = torch.compile(self._layer, dynamic=True, **options)
-
-    def register_packed(self) -> None:
-        """Make the packed weights findable by `packed_linear`, the op a compiled graph calls for them."""
-        for linear in (lin for b in self.blocks for lin in (b.qkv, b.out, b.up, b.down)):
-            if isinstance(linear, Linear) and linear.packed is not None:
-                _PACKED[linear.weight.data_ptr()] = linear.packed
 
     @staticmethod
     def _rotate(t, rope):

@@ -742,9 +742,7 @@ def cmd_bench(args) -> int:
                                                                        adapter=args.adapter))
     dtype = dtype_name(engine.decoder.dtype)
     labels = {"weights": getattr(engine, "weights_label", dtype), "packed": engine.decoder.pack,
-              "compiled": args.compile, "cuda_graphs": engine.decoder.device.type == "cuda" and args.graphs != "off"}
-    if args.compile:
-        labels["compile_s"] = compile_engine(engine, items, batch_sizes, args.new_tokens, say)
+              "cuda_graphs": engine.decoder.device.type == "cuda" and args.graphs != "off"}
     llamacpp = None if args.no_llamacpp else open_llamacpp(engine, items, batch_sizes, args.new_tokens, say)
     rows, goal_rows = run(engine, items, speedups, batch_sizes, args.new_tokens, args.repeats,
                           hf=not args.no_hf, peer=not args.no_peer, peer_measure=args.peer_measure, progress=say,
@@ -804,17 +802,6 @@ def open_llamacpp(engine, items, batch_sizes, new_tokens, say):
     return runner
 
 
-def compile_engine(engine, items, batch_sizes, new_tokens, say) -> float:
-    """torch.compile the decoder and run one generation per batch size so that every graph (prefill and
-    decode, batch 1 and batch > 1) is compiled before timing; returns those seconds, compilation included."""
-    say("compiling (torch.compile)")
-    engine.decoder.compile()
-    started = time.perf_counter()
-    for batch in sorted(set(batch_sizes)):
-        engine.generate([item.prompt for item in items[:batch]], max_new_tokens=new_tokens, stop_at_eos=False)
-    return round(time.perf_counter() - started, 1)
-
-
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="measure decoding speed against full depth, the bound, transformers "
                                                 "and the per-token early-exit peer")
@@ -830,8 +817,6 @@ def register(subparsers) -> None:
     bench.add_argument("--dtype", default="auto", help="auto (skipdecode.models.precision: the app's default on "
                                                       "this machine), float32, bfloat16 or float16")
     bench.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    bench.add_argument("--compile", action="store_true",
-                       help="torch.compile the layer math first (compile time reported as compile_s)")
     bench.add_argument("--no-pack", action="store_true", help="plain F.linear instead of oneDNN-packed weights")
     bench.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
                        help="CUDA graphs for the decode steps (auto: on a GPU; off: eager, to compare)")
