@@ -341,7 +341,8 @@ def test_a_general_prompt_runs_the_general_adapter_against_the_base_model(page, 
     assert "full decoding: the base model" in status, status
     quality = page.locator("#sd-quality").inner_text()
     assert "Compared against full decoding of the same prompt" in quality and "all 30 layers" in quality
-    assert page.locator("#sd-skip-output .sd-token").count() > 20
+    # (at 5x, on no adapter, the skipping side may end after a few words)
+    assert page.locator("#sd-skip-output .sd-token").count() > (20 if speedup < 5 else 0)
     if speedup == 5:
         verdict = page.locator("#sd-headline .sd-verdict")
         assert page.locator("#sd-headline .sd-broken").count() == 1, page.locator("#sd-headline").inner_text()
