@@ -379,3 +379,29 @@ def test_the_lessons_comparison_is_one_button_away_and_needs_no_model(browser):
         assert page.locator("#sd-full-output .sd-token").first.bounding_box()["y"] < 720
     finally:
         page.close()
+
+
+def per_token_ms(side: dict) -> float:
+    steps = side["trace"]["steps"]
+    return sum(step["ms"] for step in steps) / len(steps)
+
+
+def test_the_lessons_file_was_recorded_on_todays_engine(teach):
+    """The shipped lesson comparison (assets/lesson, `python -m app.replay`) is today's engine's: each side's time
+    per decoded token is within 4x of a fresh run of the same request on this server (the median of three), so a
+    file from an engine several times slower or faster fails. The same answers too, on the same precision."""
+    from gradio_client import Client
+
+    from app import replay
+    from app.studio import AUTO
+
+    lesson = replay.read(replay.LESSON_FILE)
+    settings = lesson["settings"]
+    client = Client(app_url(**SERVER), verbose=False)
+    runs = [client.predict(lesson["prompt"], settings["speedup"], settings["max_new_tokens"], AUTO,
+                           api_name="/compare") for _ in range(3)]
+    for side in ("skipdecode", "full"):
+        fresh = sorted(per_token_ms(run[side]) for run in runs)[1]
+        recorded = per_token_ms(lesson[side])
+        assert fresh / 4 <= recorded <= fresh * 4, (side, recorded, fresh)
+        assert runs[0][side]["text"] == lesson[side]["text"], side
