@@ -80,6 +80,7 @@ CSS = """
   .sd-cards { grid-template-columns: repeat(2, minmax(0, 1fr)); }
 }
 #sd-lens-controls { position: sticky; top: 0; z-index: 25; background: var(--block-background-fill, #fff); }
+#sd-lens-plot { position: sticky; top: 5.5rem; }  /* below the sticky step buttons, beside the rows they reveal */
 """ + teach.CSS + keys.CSS
 JS = keys.JS
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
@@ -217,8 +218,12 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             play = gr.Button(PLAY, elem_id="sd-play", scale=0, min_width=90, interactive=False)
                             all_layers = gr.Button("All layers", elem_id="sd-all-layers", scale=0, min_width=110,
                                                    interactive=False)
-                        lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
-                        lens_plot = gr.Plot(show_label=False, elem_id="sd-lens-plot", visible=False)
+                        # the chart beside the tables, held in the window under the step buttons while they step
+                        with gr.Row(equal_height=True, elem_id="sd-lens-row"):
+                            with gr.Column(scale=7, min_width=560):  # both tables, three choices each
+                                lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
+                            with gr.Column(scale=3, min_width=300):
+                                lens_plot = gr.Plot(show_label=False, elem_id="sd-lens-plot", visible=False)
                     with gr.Column(visible=False, elem_id="sd-charts") as charts_box:
                         metrics = gr.HTML(elem_id="sd-metrics")
                         with gr.Row(equal_height=False):

@@ -328,8 +328,10 @@ def lens_figure(record: dict, position: int, shown_layers: int | None = None) ->
                         hovertemplate="layer %{x}: %{y:.2f}<extra></extra>")
     fig.update_layout(xaxis=dict(title="layer", range=[-0.5, L - 0.5]),
                       yaxis=dict(title="probability (logit lens)", range=[0, 1.05]))
-    return plots._style(fig, f"Token {position + 1}: the probability of each side's final choice after each layer it ran",
-                        height=320)
+    # a title of two short lines and the legend below the axis: all of it fits the column beside the layer tables
+    plots._style(fig, f"Token {position + 1}: each side's final choice,<br>its probability after each layer it ran",
+                 height=380)
+    return fig.update_layout(margin=dict(t=64, b=120), legend=dict(yanchor="top", y=-0.2))
 
 
 def default_position(record: dict) -> int:
