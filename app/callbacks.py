@@ -280,6 +280,9 @@ class Callbacks:
     # ---- Batch ------------------------------------------------------------------------------
     def batch(self, prompts_text, model, speedup, max_new_tokens):
         prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
+        # at once, before the models load and the batch starts: what is coming, where it will be drawn
+        yield (f"Starting… {views.plural(len(prompts), 'prompt')} as one batch on each side.", gr.skip(),
+               gr.Plot(plots.empty_figure("Waiting for the first positions…"), visible=True))
         with user_errors():
             engine = self.studio.engine()
             drawn = 0.0

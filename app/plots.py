@@ -300,6 +300,9 @@ def batch_budget_figure(cells: pd.DataFrame, num_layers: int) -> go.Figure:
     fig.update_yaxes(autorange="reversed", showgrid=False)
     title = ("One budget per position, shared by every row" if in_step
              else "Rows join and leave the running batch, each at its own position and budget")
+    if cells["budget"].nunique() == 1:  # one colour: say why, not leave the eye to hunt for a difference
+        title = (f"One colour: every row ran {int(cells['budget'].iloc[0])} of {num_layers} layers at every position "
+                 "(a flat budget)")
     return _style(fig, title, height=180 + 28 * len(rows), legend=False)
 
 

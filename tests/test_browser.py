@@ -396,6 +396,28 @@ def test_kv_cache_view_shows_no_holes_for_skipdecode(page):
     page.get_by_role("tab", name="Compare").click()
 
 
+def test_the_batch_tab_shows_progress_at_once_and_says_why_its_map_is_one_colour(page):
+    """At 1280x720: Run batch says at once what is coming and draws its map's place in view; the finished map
+    (the general adapter's flat budget at 3x: one colour) says why it is one colour, the outputs table below."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    try:
+        page.get_by_role("tab", name="Batch").click()
+        page.click("#sd-batch-run")
+        page.get_by_text(re.compile(r"^(Starting|Running|Done)…? ")).first.wait_for(timeout=3_000)  # no silent seconds
+        page.locator("#sd-batch-plot .js-plotly-plot").wait_for(timeout=5_000)
+        page.get_by_text(re.compile(r"^Done\. ")).wait_for(timeout=300_000)
+        page.wait_for_timeout(1_000)  # the last map, drawn
+        title = page.locator("#sd-batch-plot .gtitle").text_content()
+        cells = page.evaluate("() => { const z = document.querySelector('#sd-batch-plot .js-plotly-plot')._fullData[0].z;"
+                              "return [...new Set(Array.from(z).flatMap((row) => Array.from(row))"
+                              ".filter((v) => v !== null && !Number.isNaN(v)))]; }")
+        assert (len(cells) == 1) == title.startswith("One colour"), (cells, title)
+        assert in_view(page, "#sd-batch-plot .gtitle")
+    finally:
+        page.get_by_role("tab", name="Compare").click()
+        page.set_viewport_size({"width": 1440, "height": 900})
+
+
 STORY = "Write a long story about a dragon and a knight who become friends."
 
 

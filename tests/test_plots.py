@@ -241,6 +241,13 @@ def test_batch_budget_figure_leaves_finished_rows_blank():
     assert "shared by every row" in fig.layout.title.text
 
 
+def test_a_batch_of_one_budget_says_why_its_map_is_one_colour():
+    """A flat budget (the served adapters' at 2x and 3x) colours every cell alike: the title says so, and why."""
+    cells = pd.DataFrame({"row": [0, 0, 1, 1], "step": [0, 1, 0, 1], "budget": [3, 3, 3, 3], "tick": [0, 1, 1, 2]})
+    title = plots.batch_budget_figure(cells, L).layout.title.text
+    assert title.startswith("One colour") and f"3 of {L} layers at every position" in title and "flat budget" in title
+
+
 def test_batch_budget_figure_draws_rows_joining_a_running_batch_at_their_own_positions():
     """A continuous batch: prompt 2 joins at the batch's step 7 (its tick) with its own first position while
     prompt 1 is at its third; each cell is its row's own budget, blank before it joined and after it left."""
