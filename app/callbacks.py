@@ -253,11 +253,12 @@ class Callbacks:
     @staticmethod
     def paper_settings(comparison):
         """The schedule controls set to the paper's decaying budget at the average of the flat one `comparison`
-        ran (views.paper_decay), for the run that follows: budgets by hand, warm-up, horizon, decay, mode."""
+        ran (views.paper_decay), for the run that follows: budgets by hand, warm-up, decay, mode."""
         decay = views.paper_decay(comparison) if comparison is not None else None
         if decay is None:
             return (gr.skip(),) * 7
-        return True, decay.max_budget, decay.min_budget, decay.warmup, decay.horizon, decay.decay, decay.mode
+        # the horizon control stays as it is: it gave the flat run its horizon, and gives the decay the same
+        return True, decay.max_budget, decay.min_budget, decay.warmup, gr.skip(), decay.decay, decay.mode
 
     # ---- KV cache ---------------------------------------------------------------------------
     def kv_cache(self, comparison):

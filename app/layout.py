@@ -174,7 +174,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Row():
                         warmup = gr.Slider(0, L - 1, value=DEFAULT_WARMUP, step=1, label="Warm-up layers")
                         horizon = gr.Slider(0, studio.limits.max_new_tokens, value=0, step=1,
-                                            label="Horizon (0 = max new tokens)")
+                                            label="Horizon (0 = max new tokens)", elem_id="sd-horizon")
                         decay = gr.Dropdown(list(DECAYS), value="linear", label="Decay")
                         mode = gr.Radio(list(MODES), value="skip", label="Mode",
                                         info="skip: warm-up + top layers; early_exit: bottom layers only")
@@ -220,9 +220,9 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                                                    interactive=False)
                         # the chart beside the tables, held in the window under the step buttons while they step
                         with gr.Row(equal_height=True, elem_id="sd-lens-row"):
-                            with gr.Column(scale=7, min_width=560):  # both tables, three choices each
+                            with gr.Column(scale=4, min_width=560):  # both tables, three choices each
                                 lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
-                            with gr.Column(scale=3, min_width=300):
+                            with gr.Column(scale=1, min_width=280):
                                 lens_plot = gr.Plot(show_label=False, elem_id="sd-lens-plot", visible=False)
                     with gr.Column(visible=False, elem_id="sd-charts") as charts_box:
                         metrics = gr.HTML(elem_id="sd-metrics")
@@ -274,7 +274,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         with gr.Row():
                             batch_run = gr.Button("Run batch", variant="primary", elem_id="sd-batch-run")
                             batch_measure = gr.Button("Measure throughput vs batch size")
-                batch_status = gr.Markdown()
+                batch_status = gr.Markdown(elem_id="sd-batch-status")
                 batch_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-batch-plot")
                 batch_table = gr.Dataframe(label="Outputs", wrap=True, interactive=False, visible=False,
                                            column_widths=["6%", "24%", "30%", "30%", "10%"])

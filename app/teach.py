@@ -96,11 +96,11 @@ CSS = """
 .sd-tip td { padding: .05rem .3rem .05rem 0; border: none !important; background: transparent !important;
   color: #f8fafc; }
 .sd-part-summary { font-size: .92rem; margin: .2rem 0 .4rem 0; }
-.sd-lens { display: grid; grid-template-columns: 1fr 1fr; gap: .8rem; }
+.sd-lens { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: .8rem; }  /* never wider than its box */
 .sd-lens table { width: 100%; border-collapse: collapse; font-size: .85rem; }
 .sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem;
   border-bottom: 1px solid #e2e8f0; }
-.sd-lens td { padding: 0 .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; line-height: 1.2;
+.sd-lens td { padding: 0 .4rem; border-bottom: 1px solid #f1f5f9; overflow-wrap: anywhere; line-height: 1.2;
   font-size: .8rem; }
 .sd-lens tr { scroll-margin-top: 5.5rem; scroll-margin-bottom: 1rem; }
 .sd-lens tr.sd-skipped td { color: #cbd5e1; }
@@ -329,7 +329,7 @@ def lens_figure(record: dict, position: int, shown_layers: int | None = None) ->
     fig.update_layout(xaxis=dict(title="layer", range=[-0.5, L - 0.5]),
                       yaxis=dict(title="probability (logit lens)", range=[0, 1.05]))
     # a title of two short lines and the legend below the axis: all of it fits the column beside the layer tables
-    plots._style(fig, f"Token {position + 1}: each side's final choice,<br>its probability after each layer it ran",
+    plots._style(fig, f"Token {position + 1}: each side's final<br>choice, its probability by layer",
                  height=380)
     return fig.update_layout(margin=dict(t=64, b=120), legend=dict(yanchor="top", y=-0.2))
 

@@ -86,13 +86,25 @@ def set_tokens(page, tokens: int) -> None:
     open_settings(page, False)
 
 
+def run_mark(page):
+    """The mark of the run (or replay) the headline shows (keys.REVEAL_JS): each new one has its own."""
+    return page.evaluate("() => document.querySelector('#sd-headline [data-reveal]')?.dataset.reveal ?? null")
+
+
+def wait_for_run(page, before, timeout: int = 300_000) -> None:
+    """Wait for a new run's finished comparison (its mark not `before`'s) with its layer view opened. A new run
+    hides the last one's layer view, cards and charts in its first update, the one that marks it; a short
+    run may be over before a poll sees them hidden, so the mark, not their hiding, says a new run began."""
+    page.wait_for_function("(before) => { const mark = document.querySelector('#sd-headline [data-reveal]'); "
+                           "return mark && mark.dataset.reveal !== before; }", arg=before, timeout=60_000)
+    page.wait_for_selector("#sd-teach", state="visible", timeout=timeout)
+
+
 def run_and_wait(page, timeout: int = 300_000) -> None:
     """Run, and wait for the finished comparison's marks (this run's: the last one's are hidden first)."""
+    before = run_mark(page)
     page.click("#sd-run")
-    # the last comparison's layer view, cards and charts go while this one runs: nothing stale beside it
-    page.wait_for_selector("#sd-teach", state="hidden", timeout=60_000)
-    page.wait_for_selector("#sd-charts", state="hidden", timeout=60_000)
-    page.wait_for_selector("#sd-teach", state="visible", timeout=timeout)
+    wait_for_run(page, before, timeout)
 
 
 def details(page) -> str:
@@ -240,9 +252,9 @@ def test_a_flat_budget_says_why_and_the_papers_decay_is_one_click_away(page):
     flat = scheduled(page)
     assert len(set(flat)) == 1
     try:
+        before = run_mark(page)
         page.locator("#sd-paper-decay").click()
-        page.wait_for_selector("#sd-charts", state="hidden", timeout=60_000)  # a new run
-        page.wait_for_selector("#sd-teach", state="visible", timeout=300_000)
+        wait_for_run(page, before)
         page.wait_for_selector("#sd-budget-plot .js-plotly-plot .legend", timeout=30_000)
         budgets = scheduled(page)
         assert budgets[0] > flat[0] > budgets[-1] and all(b <= a for a, b in zip(budgets, budgets[1:])), budgets
@@ -251,6 +263,7 @@ def test_a_flat_budget_says_why_and_the_papers_decay_is_one_click_away(page):
     finally:  # back to the served schedule for the tests below
         open_settings(page)
         page.get_by_label("Set budgets by hand").uncheck()
+        assert page.locator("#sd-horizon input[type=number]").input_value() == "0"  # the default horizon kept
         open_settings(page, False)
 
 
@@ -403,9 +416,10 @@ def test_the_batch_tab_shows_progress_at_once_and_says_why_its_map_is_one_colour
     try:
         page.get_by_role("tab", name="Batch").click()
         page.click("#sd-batch-run")
-        page.get_by_text(re.compile(r"^(Starting|Running|Done)…? ")).first.wait_for(timeout=3_000)  # no silent seconds
+        status = page.locator("#sd-batch-status")
+        status.get_by_text(re.compile(r"^(Starting…|Running…|Done\.) ")).wait_for(timeout=3_000)  # no silent seconds
         page.locator("#sd-batch-plot .js-plotly-plot").wait_for(timeout=5_000)
-        page.get_by_text(re.compile(r"^Done\. ")).wait_for(timeout=300_000)
+        status.get_by_text(re.compile(r"^Done\. ")).wait_for(timeout=300_000)
         page.wait_for_timeout(1_000)  # the last map, drawn
         title = page.locator("#sd-batch-plot .gtitle").text_content()
         cells = page.evaluate("() => { const z = document.querySelector('#sd-batch-plot .js-plotly-plot')._fullData[0].z;"
