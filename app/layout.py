@@ -344,7 +344,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                          charts_box, metrics, quality, budget_plot, layer_plot, latency_plot, flat_note, paper_decay]
         # callbacks.STREAMED: what a run adds to what it draws
         streamed = [*drawn_outputs, teach_box, part_note, stop, stop_here, run, prompt_note, fresh]
-        # Run and Enter in the prompt are one event: while its run goes, another press of either starts nothing
+        # Run and the prompt's submit (Shift+Enter) are one event: while its run goes, another press starts nothing
         # ("once"), so a session never has two runs drawing into one page
         run_event = gr.on([run.click, prompt.submit], cb.stream_compare, [*compare_inputs, stopper], streamed,
                           api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode",

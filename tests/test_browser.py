@@ -453,9 +453,10 @@ def test_stop_mid_run_says_stopped_keeps_both_answers_and_opens_present(page):
         for selector in ("#sd-headline .sd-verdict", "#sd-skip-output .sd-output", "#sd-full-output .sd-output"):
             assert in_view(page, selector), selector
         assert "Running…" in page.locator("#sd-headline").inner_text()
-        # Enter in the prompt while it runs starts no second run
+        # Enter in the prompt while it runs starts no second run (Shift+Enter submits the box's several lines)
         joins = []
         page.on("request", lambda request: "/queue/join" in request.url and joins.append(request.url))
+        page.locator("#sd-prompt textarea").press("Shift+Enter")
         page.locator("#sd-prompt textarea").press("Enter")
         page.wait_for_timeout(1_500)
         assert joins == [] and "of 512 tokens" in page.locator("#sd-run").inner_text()
