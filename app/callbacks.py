@@ -112,15 +112,17 @@ def drawn(comparison, skip_pieces: list[str], full_pieces: list[str], running: b
            views.skip_title_html(comparison), views.full_title_html(comparison), skip_html, full_html, legend,
            views.status_markdown(comparison, running), comparison if not running else gr.skip()]
     if running:  # the last comparison's cards and charts go until this one's are drawn
-        return out + [gr.Column(visible=False)] + [gr.skip()] * 5
+        return out + [gr.Column(visible=False)] + [gr.skip()] * (len(DRAWN) - len(out) - 1)
     metrics = (verified.summary_html if comparison.verified else views.metrics_html)(comparison)
-    return out + [gr.Column(visible=True), metrics, views.quality_html(comparison), *views.compare_figures(comparison)]
+    flat = views.flat_note_html(comparison)  # a flat budget: why, and the paper's decay one click away
+    return out + [gr.Column(visible=True), metrics, views.quality_html(comparison), *views.compare_figures(comparison),
+                  gr.HTML(flat, visible=bool(flat)), gr.Button(visible=bool(flat))]
 
 
 RUN = "Run"  # the Run button's label when it can run; while a run goes, it says how far (views.progress_label)
 # The layout's output lists, by name: what `drawn` draws, and what stream_compare adds after it.
 DRAWN = ("results", "headline", "skip_title", "full_title", "skip_out", "full_out", "legend", "status", "last",
-         "charts", "metrics", "quality", "budget_plot", "layer_plot", "latency_plot")
+         "charts", "metrics", "quality", "budget_plot", "layer_plot", "latency_plot", "flat_note", "paper_decay")
 DRAWN_COUNT = len(DRAWN)
 STREAMED = ("teach_box", "part_note", "stop", "stop_here", "run", "prompt_note", "fresh")
 
@@ -248,6 +250,16 @@ class Callbacks:
                 pass
             return final.to_dict()
 
+    @staticmethod
+    def paper_settings(comparison):
+        """The schedule controls set to the paper's decaying budget at the average of the flat one `comparison`
+        ran (views.paper_decay), for the run that follows: budgets by hand, warm-up, decay, mode."""
+        decay = views.paper_decay(comparison) if comparison is not None else None
+        if decay is None:
+            return (gr.skip(),) * 7
+        # the horizon control stays as it is: it gave the flat run its horizon, and gives the decay the same
+        return True, decay.max_budget, decay.min_budget, decay.warmup, gr.skip(), decay.decay, decay.mode
+
     # ---- KV cache ---------------------------------------------------------------------------
     def kv_cache(self, comparison):
         if comparison is None:  # guidance, not an error: the visitor did nothing wrong
@@ -269,6 +281,9 @@ class Callbacks:
     # ---- Batch ------------------------------------------------------------------------------
     def batch(self, prompts_text, model, speedup, max_new_tokens):
         prompts = [line.strip() for line in (prompts_text or "").splitlines() if line.strip()]
+        # at once, before the models load and the batch starts: what is coming, where it will be drawn
+        yield (f"Starting… {views.plural(len(prompts), 'prompt')} as one batch on each side.", gr.skip(),
+               gr.Plot(plots.empty_figure("Waiting for the first positions…"), visible=True))
         with user_errors():
             engine = self.studio.engine()
             drawn = 0.0

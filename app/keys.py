@@ -7,6 +7,7 @@
 - What a key press draws is scrolled into view: the answers after Run (and focus moves there, so the next
   Tab reaches Present, then the answer's tokens), the layer view after a pick, the row a step reveals.
 - The charts' toolbars stay for the mouse and leave the Tab order.
+- Export is the Tab stop after Present, and one press downloads the comparison's JSON.
 """
 
 import json
@@ -99,6 +100,14 @@ const show = () => {
 new MutationObserver(() => requestAnimationFrame(show)).observe(element, {childList: true, subtree: true});
 requestAnimationFrame(show);
 """
+
+# Export: the file the server wrote (the File component's value) is downloaded at once, no second press on its link.
+DOWNLOAD_JS = """(file) => { if (!file || !file.url) return; const link = document.createElement('a');
+  link.href = file.url; link.download = file.orig_name || ''; document.body.appendChild(link); link.click();
+  link.remove(); }"""
+
+# A button that runs what the settings now say: Run, pressed as a visitor would.
+RUN_JS = "() => { const run = document.querySelector('#sd-run'); if (run && !run.disabled) run.click(); }"
 
 # The Present button: the slides open at the top of the window.
 TO_TOP_JS = "() => { window.scrollTo({top: 0}); }"

@@ -35,6 +35,7 @@ CSS = """
 .sd-detail { font-size: .8rem; color: #64748b; }
 .sd-replayed.sd-stopped-badge { background: #fef3c7; color: #92400e; }
 .sd-broken .sd-verdict { color: #b91c1c; }
+.sd-flat-note { font-size: .85rem; color: #475569; }
 .sd-replayed { display: inline-block; background: #e0f2fe; color: #075985; border-radius: 999px; padding: 0 .5rem;
   font-size: .78rem; font-weight: 600; margin-right: .4rem; vertical-align: middle; }
 .sd-side-title { font-weight: 600; font-size: .95rem; margin: 0 0 .35rem 0; display: flex; align-items: baseline; gap: .45rem;
@@ -79,6 +80,7 @@ CSS = """
   .sd-cards { grid-template-columns: repeat(2, minmax(0, 1fr)); }
 }
 #sd-lens-controls { position: sticky; top: 0; z-index: 25; background: var(--block-background-fill, #fff); }
+#sd-lens-plot { position: sticky; top: 5.5rem; }  /* below the sticky step buttons, beside the rows they reveal */
 """ + teach.CSS + keys.CSS
 JS = keys.JS
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
@@ -172,7 +174,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                     with gr.Row():
                         warmup = gr.Slider(0, L - 1, value=DEFAULT_WARMUP, step=1, label="Warm-up layers")
                         horizon = gr.Slider(0, studio.limits.max_new_tokens, value=0, step=1,
-                                            label="Horizon (0 = max new tokens)")
+                                            label="Horizon (0 = max new tokens)", elem_id="sd-horizon")
                         decay = gr.Dropdown(list(DECAYS), value="linear", label="Decay")
                         mode = gr.Radio(list(MODES), value="skip", label="Mode",
                                         info="skip: warm-up + top layers; early_exit: bottom layers only")
@@ -194,6 +196,8 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         with gr.Column(scale=1, min_width=150):
                             stop_here = gr.Button("Stop", elem_id="sd-stop-here", visible=False)  # while it runs
                             present = gr.Button("Present ▶", elem_id="sd-present", interactive=False)
+                            # the next Tab stop: one press saves the comparison as JSON (and every chart as PNG)
+                            export_here = gr.Button("Export ⤓", elem_id="sd-export-here", interactive=False)
                     with gr.Row(equal_height=False, elem_id="sd-answers"):  # both boxes start at one height
                         with gr.Column():
                             skip_title = gr.HTML(elem_id="sd-skip-title")
@@ -214,14 +218,22 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                             play = gr.Button(PLAY, elem_id="sd-play", scale=0, min_width=90, interactive=False)
                             all_layers = gr.Button("All layers", elem_id="sd-all-layers", scale=0, min_width=110,
                                                    interactive=False)
-                        lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
-                        lens_plot = gr.Plot(show_label=False, elem_id="sd-lens-plot", visible=False)
+                        # the chart beside the tables, held in the window under the step buttons while they step
+                        with gr.Row(equal_height=True, elem_id="sd-lens-row"):
+                            with gr.Column(scale=4, min_width=560):  # both tables, three choices each
+                                lens_view = gr.HTML(elem_id="sd-lens", js_on_load=teach.LENS_JS)
+                            with gr.Column(scale=1, min_width=280):
+                                lens_plot = gr.Plot(show_label=False, elem_id="sd-lens-plot", visible=False)
                     with gr.Column(visible=False, elem_id="sd-charts") as charts_box:
                         metrics = gr.HTML(elem_id="sd-metrics")
                         with gr.Row(equal_height=False):
                             with gr.Column(scale=2):
                                 quality = gr.HTML(elem_id="sd-quality")
                             with gr.Column(scale=3):
+                                with gr.Row(equal_height=False):  # a flat budget: why, and the paper's decay
+                                    flat_note = gr.HTML(elem_id="sd-flat-note", visible=False, scale=4)
+                                    paper_decay = gr.Button("Run the paper's decaying budget", size="sm", scale=1,
+                                                            visible=False, elem_id="sd-paper-decay")
                                 budget_plot = gr.Plot(show_label=False, elem_id="sd-budget-plot")
                         latency_plot = gr.Plot(show_label=False, elem_id="sd-latency-plot")
                         layer_plot = gr.Plot(show_label=False, elem_id="sd-layer-plot")
@@ -262,7 +274,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                         with gr.Row():
                             batch_run = gr.Button("Run batch", variant="primary", elem_id="sd-batch-run")
                             batch_measure = gr.Button("Measure throughput vs batch size")
-                batch_status = gr.Markdown()
+                batch_status = gr.Markdown(elem_id="sd-batch-status")
                 batch_plot = gr.Plot(show_label=False, visible=False, elem_id="sd-batch-plot")
                 batch_table = gr.Dataframe(label="Outputs", wrap=True, interactive=False, visible=False,
                                            column_widths=["6%", "24%", "30%", "30%", "10%"])
@@ -329,16 +341,22 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
                           manual, max_budget, min_budget, warmup, horizon, decay, mode, beams, family]
         # what a comparison draws (Callbacks.drawn): a run streams it, a replay draws it at once
         drawn_outputs = [results_box, headline, skip_title, full_title, skip_out, full_out, legend, status, last,
-                         charts_box, metrics, quality, budget_plot, layer_plot, latency_plot]
+                         charts_box, metrics, quality, budget_plot, layer_plot, latency_plot, flat_note, paper_decay]
         # callbacks.STREAMED: what a run adds to what it draws
         streamed = [*drawn_outputs, teach_box, part_note, stop, stop_here, run, prompt_note, fresh]
-        events = [trigger(cb.stream_compare, [*compare_inputs, stopper], streamed, api_visibility="private",
-                          concurrency_limit=concurrency, concurrency_id="decode", show_progress="hidden")
-                  for trigger in (run.click, prompt.submit)]
-        for event in events:  # whatever ended the run (an error, a cancel), Run is ready again and Stop is not
-            event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(visible=False),
+        # Run and the prompt's submit (Shift+Enter) are one event: while its run goes, another press starts nothing
+        # ("once"), so a session never has two runs drawing into one page
+        run_event = gr.on([run.click, prompt.submit], cb.stream_compare, [*compare_inputs, stopper], streamed,
+                          api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode",
+                          show_progress="hidden", trigger_mode="once")
+        events = [run_event]
+        # whatever ended the run (an error, a cancel), Run is ready again and Stop is not
+        run_event.then(lambda: (gr.Button("Stop", interactive=False), gr.Button(visible=False),
                                 gr.Button(RUN, interactive=True)), None, [stop, stop_here, run],
                        api_visibility="private", queue=False)
+        # the paper's decaying budget beside a flat one: the schedule controls set to it, then Run
+        paper_decay.click(cb.paper_settings, [last], [manual, max_budget, min_budget, warmup, horizon, decay, mode],
+                          api_visibility="private", queue=False).then(None, js=keys.RUN_JS, api_visibility="private")
         # Stop ends the run at its next position, drawn as it stands (on ZeroGPU the run is in another process,
         # which the flag cannot reach: there Stop cancels it)
         for button in (stop, stop_here):  # Stop beside Run, and beside the headline while a run shows
@@ -348,7 +366,7 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         step_buttons = [previous_layer, next_layer, play, all_layers]
         # what a finished comparison opens (Lesson.opened): its record, the marks, the layer view's controls
         opened_outputs = [record, skip_out, part_note, teach_box, position, lens_view, lens_plot, *step_buttons,
-                          divergence_plot, kv_button, present, previous_slide, next_slide, slide_index]
+                          divergence_plot, kv_button, present, previous_slide, next_slide, slide_index, export_here]
         for event in events:
             event.success(lesson.after_compare, [fresh], opened_outputs,
                           api_visibility="private", concurrency_limit=concurrency, concurrency_id="decode")
@@ -365,9 +383,11 @@ def build(studio: Studio, concurrency: int = CONCURRENCY) -> gr.Blocks:
         play.click(lesson.play, [*step_inputs, play], step_outputs, api_visibility="private", queue=False)  # or Pause
         player.tick(lesson.tick, step_inputs, step_outputs, api_visibility="private", queue=False)
         all_layers.click(lesson.show_all, [record, position], step_outputs, api_visibility="private", queue=False)
-        export.click(None, None, None, js=teach.PNG_JS, api_visibility="private")
-        export.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
-                     concurrency_limit=concurrency, concurrency_id="decode")
+        for button in (export, export_here):  # the charts as PNG, the comparison as JSON: both downloaded at once
+            button.click(None, None, None, js=teach.PNG_JS, api_visibility="private")
+            button.click(lesson.export, [record, last], [record, export_file], api_visibility="private",
+                         concurrency_limit=concurrency, concurrency_id="decode").success(
+                None, [export_file], None, js=keys.DOWNLOAD_JS, api_visibility="private")
         export_html.click(lesson.export_html, [record], [html_file], api_visibility="private", queue=False)
         # ---- a link that opens a comparison (app/link.py): it fills the Compare tab, and Run runs it ----------
         link_widgets = {"prompt": prompt, "model": model, "speedup": speedup, "max_new_tokens": max_new_tokens,

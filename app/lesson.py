@@ -233,7 +233,7 @@ class Lesson:
 # The layout's output lists, by name: what a comparison draws (callbacks.DRAWN) and what a finished one opens.
 OPENED = ("record", "skip_out", "part_note", "teach_box", "position", "lens_view", "lens_plot", "previous_layer",
           "next_layer", "play", "all_layers", "divergence_plot", "kv_button", "present", "previous_slide",
-          "next_slide", "slide_index")
+          "next_slide", "slide_index", "export_here")
 
 
 def steppable(on: bool) -> tuple:
@@ -259,4 +259,4 @@ def opened(record: dict) -> tuple:
              gr.Slider(1, max(n, 2), value=position + 1, step=1, interactive=n > 1), teach.guide("pick"),
              gr.Plot(visible=False)) + steppable(False)
             + (gr.Plot(teach.divergence_figure(record), visible=not record.get("verified")), usable, usable, usable,
-               usable, 0))
+               usable, 0, usable))

@@ -56,8 +56,10 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
 
 
 # ---- Compare tab --------------------------------------------------------------------------------
-def budget_figure(run: pd.DataFrame, scheduled: pd.DataFrame, num_layers: int) -> go.Figure:
-    """Layers per generated position: the schedule's b(s) (line) and what each position ran (markers)."""
+def budget_figure(run: pd.DataFrame, scheduled: pd.DataFrame, num_layers: int,
+                  paper: pd.DataFrame | None = None) -> go.Figure:
+    """Layers per generated position: the schedule's b(s) (line) and what each position ran (markers);
+    `paper`: the paper's decaying budget at the same average (dotted), drawn beside a flat one."""
     _require(run, ["step", "budget"], "the run")
     _require(scheduled, ["step", "budget"], "the schedule")
     fig = go.Figure()
@@ -67,6 +69,11 @@ def budget_figure(run: pd.DataFrame, scheduled: pd.DataFrame, num_layers: int) -
     fig.add_trace(go.Scatter(x=scheduled["step"], y=scheduled["budget"], name="scheduled b(s)", mode="lines",
                              line=dict(color="#a5b4fc", width=3, shape="hv"),
                              hovertemplate="position %{x}: %{y} layers scheduled<extra></extra>"))
+    if paper is not None:
+        _require(paper, ["step", "budget"], "the paper's decay")
+        fig.add_trace(go.Scatter(x=paper["step"], y=paper["budget"], name="the paper's decay, same average",
+                                 mode="lines", line=dict(color=SKIP, width=2, dash="dot", shape="hv"),
+                                 hovertemplate="position %{x}: %{y} layers in the paper's decay<extra></extra>"))
     fig.add_trace(go.Scatter(x=run["step"], y=run["budget"], name="SkipDecode ran", mode="markers",
                              marker=dict(color=SKIP, size=7, line=dict(color="white", width=1)),
                              hovertemplate="position %{x}: ran %{y} layers<extra></extra>"))
@@ -293,6 +300,9 @@ def batch_budget_figure(cells: pd.DataFrame, num_layers: int) -> go.Figure:
     fig.update_yaxes(autorange="reversed", showgrid=False)
     title = ("One budget per position, shared by every row" if in_step
              else "Rows join and leave the running batch, each at its own position and budget")
+    if cells["budget"].nunique() == 1:  # one colour: say why, not leave the eye to hunt for a difference
+        title = (f"One colour: every row ran {int(cells['budget'].iloc[0])} of {num_layers} layers at every position "
+                 "(a flat budget)")
     return _style(fig, title, height=180 + 28 * len(rows), legend=False)
 
 

@@ -96,12 +96,13 @@ CSS = """
 .sd-tip td { padding: .05rem .3rem .05rem 0; border: none !important; background: transparent !important;
   color: #f8fafc; }
 .sd-part-summary { font-size: .92rem; margin: .2rem 0 .4rem 0; }
-.sd-lens { display: grid; grid-template-columns: 1fr 1fr; gap: .8rem; }
+.sd-lens { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: .5rem; }  /* never wider than its box */
 .sd-lens table { width: 100%; border-collapse: collapse; font-size: .85rem; }
 .sd-lens th { text-align: left; color: #475569; font-weight: 600; padding: .2rem .4rem;
   border-bottom: 1px solid #e2e8f0; }
-.sd-lens td { padding: 0 .4rem; border-bottom: 1px solid #f1f5f9; white-space: nowrap; line-height: 1.2;
-  font-size: .8rem; }
+.sd-lens td { padding: 0 .3rem; border-bottom: 1px solid #f1f5f9; overflow-wrap: anywhere; line-height: 1.2;
+  font-size: .75rem; }  /* two tables and the chart beside them: a row on one line at 1280 px */
+.sd-lens td:first-child, .sd-lens th:first-child { width: 2.4rem; padding-right: 0; }
 .sd-lens tr { scroll-margin-top: 5.5rem; scroll-margin-bottom: 1rem; }
 .sd-lens tr.sd-skipped td { color: #cbd5e1; }
 .sd-lens tr.sd-hidden { visibility: hidden; }
@@ -255,7 +256,7 @@ def _lens_table(record: dict, view: dict, title: str, shown_layers: int | None, 
         cells = []
         for token, prob in tops[layer]:
             bold = ' class="sd-final"' if token == final_token else ""
-            cells.append(f'<td{bold}><span class="sd-bar" style="width:{max(prob * 3.5, .1):.2f}rem"></span>'
+            cells.append(f'<td{bold}><span class="sd-bar" style="width:{max(prob * 1.4, .1):.2f}rem"></span>'
                          f"{word(record, token)} {prob:.2f}</td>")
         rows.append(f'<tr class="{" ".join(classes)}"><td>{layer}</td>{"".join(cells)}</tr>')
     head = "<tr><th>layer</th><th>1st</th><th>2nd</th><th>3rd</th></tr>"
@@ -328,8 +329,10 @@ def lens_figure(record: dict, position: int, shown_layers: int | None = None) ->
                         hovertemplate="layer %{x}: %{y:.2f}<extra></extra>")
     fig.update_layout(xaxis=dict(title="layer", range=[-0.5, L - 0.5]),
                       yaxis=dict(title="probability (logit lens)", range=[0, 1.05]))
-    return plots._style(fig, f"Token {position + 1}: the probability of each side's final choice after each layer it ran",
-                        height=320)
+    # a title of two short lines and the legend below the axis: all of it fits the column beside the layer tables
+    plots._style(fig, f"Token {position + 1}: each side's final<br>choice, its probability by layer",
+                 height=380)
+    return fig.update_layout(margin=dict(t=64, b=120), legend=dict(yanchor="top", y=-0.2))
 
 
 def default_position(record: dict) -> int:

@@ -38,6 +38,32 @@ def test_budget_figure_plots_the_schedule_and_what_ran():
     assert fig.layout.yaxis.title.text == "layers run" and fig.layout.xaxis.title.text == "generated position s"
 
 
+def test_a_flat_budget_is_drawn_beside_the_papers_decay_and_says_why_it_is_flat():
+    """The served adapters spend a flat budget; the page draws the paper's decay at the same average beside it
+    (more layers first, never more later, the warm-up kept) and says in one line why the adapter is flat. A
+    decaying run, one set by hand and the base model get neither."""
+    from app.studio import Comparison, Settings
+
+    flat = Schedule(30, max_budget=10, min_budget=10, warmup=2, horizon=32)
+    run = Comparison("p", "e2e-all (fine-tuned for 2x, 3x, 5x)", "e2e-1x (fine-tuned for 1x)", 30, flat, 48)
+    decay = views.paper_decay(run)
+    budgets = [decay.budget(s) for s in range(47)]
+    assert budgets[0] > 10 > budgets[-1] and all(b >= a for a, b in zip(budgets[1:], budgets))
+    assert decay.warmup == 2 and abs(decay.average_budget(32) - 10) <= 0.5
+    fig = plots.budget_figure(hand_trace(flat).to_frame(), views.scheduled_frame(flat, 47), 30,
+                              views.scheduled_frame(decay, 47))
+    assert list({t.name: t for t in fig.data}["the paper's decay, same average"].y) == budgets
+    note = views.flat_note_html(run)
+    assert "flat budget</b>, 10 of 30 layers" in note and "e2e-finetuning.md" in note
+    assert "general-adapters.md" in views.flat_note_html(Comparison("p", "general-3x (fine-tuned for 3x)", "b", 30,
+                                                                    flat, 48))
+    decaying = Schedule(30, max_budget=15, min_budget=5, warmup=2, horizon=32)
+    for other in (Comparison("p", "e2e-all (x)", "b", 30, decaying, 48),
+                  Comparison("p", "e2e-all (x)", "b", 30, flat, 48, settings=Settings(manual_budgets=True)),
+                  Comparison("p", "SmolLM2 (base)", "SmolLM2 (base)", 30, flat, 48)):
+        assert views.flat_note_html(other) == ""
+
+
 def test_layer_states_mark_prompt_warmup_run_and_skipped():
     grid = plots.layer_states(hand_trace().to_frame(), L, P, W)
     assert grid.shape == (L, P + 4)
@@ -213,6 +239,13 @@ def test_batch_budget_figure_leaves_finished_rows_blank():
     assert z.shape == (2, 3) and list(z[0]) == [4, 3, 2]
     assert z[1, 0] == 4 and math.isnan(z[1, 1]) and math.isnan(z[1, 2])
     assert "shared by every row" in fig.layout.title.text
+
+
+def test_a_batch_of_one_budget_says_why_its_map_is_one_colour():
+    """A flat budget (the served adapters' at 2x and 3x) colours every cell alike: the title says so, and why."""
+    cells = pd.DataFrame({"row": [0, 0, 1, 1], "step": [0, 1, 0, 1], "budget": [3, 3, 3, 3], "tick": [0, 1, 1, 2]})
+    title = plots.batch_budget_figure(cells, L).layout.title.text
+    assert title.startswith("One colour") and f"3 of {L} layers at every position" in title and "flat budget" in title
 
 
 def test_batch_budget_figure_draws_rows_joining_a_running_batch_at_their_own_positions():

@@ -268,9 +268,9 @@ def within(page, selector: str, bottom_of: str | None = None) -> bool:
 
 def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
     """At 1280x720, by keyboard alone: the family switch moves with the arrow keys, the Model list closes when
-    focus leaves it, focus shows on every control used; from the results Present is one Tab away and the
-    answer the next; a pick brings the layer view into the window with its step buttons and the top layer,
-    and every step keeps the row it reveals and the buttons in view."""
+    focus leaves it, focus shows on every control used; from the results Present is one Tab away, Export the
+    next and the answer the one after; a pick brings the layer view into the window with its step buttons and
+    the top layer, and every step keeps the row it reveals, the buttons and the whole chart beside them in view."""
     page = teach
     page.set_viewport_size({"width": 1280, "height": 720})
     try:
@@ -298,7 +298,7 @@ def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
         page.focus("#sd-results")  # where Run leaves the focus
         page.keyboard.press("Tab")
         assert focused(page).startswith("sd-present") and ring(page)
-        assert tab_to(page, "token", 2) == 1  # the answer is one Tab stop, right after Present
+        assert tab_to(page, "token", 3) == 2  # the answer is two Tab stops after Present: Export, then the answer
         start = int(focused(page).split()[1])
         page.keyboard.press("ArrowRight" if start < TOKENS - 1 else "ArrowLeft")
         position = int(focused(page).split()[1])
@@ -335,9 +335,17 @@ def test_the_lesson_runs_by_keyboard_on_a_projector(teach):
                                        ".includes('“')", timeout=10_000)
                 assert "which token will each side choose" in lens.inner_text() and lens.locator(".sd-final").count() == 0
                 assert "“" not in legend.text_content() and "Bold" not in lens.inner_text()
-            if layer in (2, 15, 29):  # the row just revealed and the step buttons, both in the window
+            if layer in (2, 15, 29):  # the row just revealed, the step buttons and the chart, all in the window
                 page.wait_for_timeout(300)
                 assert within(page, "#sd-next-layer") and within(page, "#sd-lens tr.sd-now"), layer
+                assert within(page, "#sd-lens-plot .js-plotly-plot"), layer  # its title and legend not cut
+                assert page.locator("#sd-lens").evaluate("(e) => e.scrollWidth <= e.clientWidth + 1")  # both tables
+                chart = page.locator("#sd-lens-plot .js-plotly-plot").bounding_box()
+                for part in (".gtitle", ".legend", ".xtitle"):
+                    box = page.locator(f"#sd-lens-plot {part}").bounding_box()
+                    assert chart["x"] <= box["x"] and box["x"] + box["width"] <= chart["x"] + chart["width"] + 1, part
+                if layer == 15:
+                    screenshot(page.locator("body"), "teach-step-1280x720.png", full=False)
         assert "Bold: the token each side finally chose" in lens.inner_text() and lens.locator(".sd-final").count() >= 2
         page.wait_for_function("() => document.querySelector('#sd-lens-plot .legend')?.textContent.includes('“')",
                                timeout=10_000)
@@ -379,3 +387,29 @@ def test_the_lessons_comparison_is_one_button_away_and_needs_no_model(browser):
         assert page.locator("#sd-full-output .sd-token").first.bounding_box()["y"] < 720
     finally:
         page.close()
+
+
+def per_token_ms(side: dict) -> float:
+    steps = side["trace"]["steps"]
+    return sum(step["ms"] for step in steps) / len(steps)
+
+
+def test_the_lessons_file_was_recorded_on_todays_engine(teach):
+    """The shipped lesson comparison (assets/lesson, `python -m app.replay`) is today's engine's: each side's time
+    per decoded token is within 4x of a fresh run of the same request on this server (the median of three), so a
+    file from an engine several times slower or faster fails. The same answers too, on the same precision."""
+    from gradio_client import Client
+
+    from app import replay
+    from app.studio import AUTO
+
+    lesson = replay.read(replay.LESSON_FILE)
+    settings = lesson["settings"]
+    client = Client(app_url(**SERVER), verbose=False)
+    runs = [client.predict(lesson["prompt"], settings["speedup"], settings["max_new_tokens"], AUTO,
+                           api_name="/compare") for _ in range(3)]
+    for side in ("skipdecode", "full"):
+        fresh = sorted(per_token_ms(run[side]) for run in runs)[1]
+        recorded = per_token_ms(lesson[side])
+        assert fresh / 4 <= recorded <= fresh * 4, (side, recorded, fresh)
+        assert runs[0][side]["text"] == lesson[side]["text"], side
