@@ -210,6 +210,8 @@ class Callbacks:
                 written = now
                 sides = [text.pieces(update.token_ids) if update else [] for update, text in
                          zip((comparison.skip, comparison.full), texts)]
+                if last:  # the record (app/replay.py) keeps these: the answers are decoded once, here
+                    comparison.pieces = (sides[0], sides[1])
                 banner = views.stopped_banner(comparison) if comparison.stopped else ""
                 mark = reveal + ("-stopped" if comparison.stopped else "")  # stopped: into view again, as it stands
                 yield drawn(comparison, *sides, running=not last, banner=banner, reveal=mark) + [

@@ -56,9 +56,10 @@ def record(comparison: Comparison, tokenizer, settings: Settings | None = None, 
     L = comparison.num_layers
     out = comparison.to_dict()
     out["format"], out["max_new_tokens"], out["cost"] = FORMAT, comparison.max_new_tokens, list(comparison.cost)
-    for name, update in (("skipdecode", comparison.skip), ("full", comparison.full)):
+    pieces = comparison.pieces or [TokenText(tokenizer).pieces(u.token_ids) for u in (comparison.skip, comparison.full)]
+    for name, update, text in (("skipdecode", comparison.skip, pieces[0]), ("full", comparison.full, pieces[1])):
         out[name]["prompt_ids"] = update.prompt_ids
-        out[name]["pieces"] = TokenText(tokenizer).pieces(update.token_ids)
+        out[name]["pieces"] = text
         out[name]["layers"] = token_layers(update, L)
     out["divergence"]["top"] = [[list(pair) for pair in top] for top in comparison.divergence.top]
     out["divergence_ms"] = round(comparison.divergence_ms, 3)

@@ -37,6 +37,7 @@ from skipdecode.sampling import Sampling
 from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
 from skipdecode.speculative.verify import Verified
 
+from . import timing
 from .examples import references_for
 
 TIMING_NOTE = ("SkipDecode and full decoding ran interleaved in one thread of this process: one position of "
@@ -266,6 +267,7 @@ class Comparison:
     settings: Settings | None = None  # what the request asked, as it ran (an export records these, never the widgets)
     verified: bool = False  # the SkipDecode side drafted and the full side's model verified: full decoding's output
     stopped: bool = False  # Stop ended both sides early: what they had written is the comparison
+    pieces: tuple[list[str], list[str]] | None = None  # each side's text per token, as the page decoded it once
 
     @property
     def done(self) -> bool:
@@ -275,7 +277,7 @@ class Comparison:
     def speedups(self) -> dict[str, float | None]:
         """Decode speedups: `layers` (full depth / average budget), `weights` (weights read per step, the LM
         head included, which every step reads whatever its budget) and `measured` (full ms / SkipDecode ms
-        per token over the positions both runs reached)."""
+        per decoded token over the tokens both runs reached: app/timing.py's figure, the page's own)."""
         out = {"layers": None, "weights": None, "measured": None}
         if not (self.skip and self.skip.trace.steps):
             return out
@@ -289,12 +291,8 @@ class Comparison:
         return out
 
     def _measured(self) -> float | None:
-        if not (self.full and self.full.trace.steps):
-            return None
-        n = min(len(self.skip.trace.steps), len(self.full.trace.steps))
-        skip_ms = sum(s.ms for s in self.skip.trace.steps[:n]) / n
-        full_ms = sum(s.ms for s in self.full.trace.steps[:n]) / n
-        return round(full_ms / skip_ms, 3) if skip_ms else None
+        figures = timing.of(self)
+        return figures.decode if figures is not None else None
 
     def to_dict(self) -> dict:
         def side(update: Update | None) -> dict | None:
