@@ -50,11 +50,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import E2E_ENV, read_items, resolve
-from .llamacpp import METHOD
+from ..data import E2E_ENV, read_items, resolve
+from ..llamacpp import METHOD
 
 E2E_TEST = "testset_w_refs.csv"
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "assets" / "results" / "bench.csv"  # the app shows it
+DEFAULT_OUT = Path(__file__).resolve().parents[3] / "assets" / "results" / "bench.csv"  # the app shows it
 TABLE_FILE = Path("docs") / "speed.md"  # where `--readme` with no path writes the table (between the markers)
 README_BEGIN, README_END = "<!-- skipdecode bench: begin -->", "<!-- skipdecode bench: end -->"
 GOALS = {"vs_hf": 1.5, "efficiency": 0.9, "batch_scaling": 6.0, "vs_peer": 1.0, "vs_floor": 1.3,
@@ -134,7 +134,7 @@ class Reads:
 
     @classmethod
     def of(cls, dec) -> "Reads":
-        from ..cache import cache_dtype
+        from ...cache import cache_dtype
 
         size = lambda *tensors: sum(t.numel() * t.element_size() for t in tensors if t is not None)  # noqa: E731
         layers = [size(*b.norm1, *b.norm2) + sum(lin.nbytes for lin in (b.qkv, b.out, b.up, b.down))
@@ -222,7 +222,7 @@ KERNELS = ("default", "q8", "bf16")  # $SKIPDECODE_KERNEL's settings (skipdecode
 def kernel_decoders(engine, kernels, load) -> dict:
     """A decoder for each kernel named (`load()` makes an engine under the current $SKIPDECODE_KERNEL):
     the engine's own for "default", one on each other kernel's base beside it, for timing in turns."""
-    from ..kernels.w4a8 import KERNEL_ENV
+    from ...kernels.w4a8 import KERNEL_ENV
 
     decoders = {"default": engine.decoder}
     for kernel in kernels:
@@ -312,10 +312,10 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
     rounds; where it ends (its child crashed, llamacpp_child.py), one line says why and the rest goes on."""
     import torch
 
-    from .llamacpp import Unavailable
+    from ..llamacpp import Unavailable
 
-    from .peers import calibrate
-    from ..schedule import Schedule, for_speedup
+    from ..peers import calibrate
+    from ...schedule import Schedule, for_speedup
 
     say = progress or (lambda message: None)
     L = engine.num_layers
@@ -383,9 +383,9 @@ def run(engine, items, speedups=(1, 2, 3, 4, 5), batch_sizes=(1, 4, 16), new_tok
 
 def summarize(engine, items, cases, new_tokens, peer_measure, labels, bandwidth):
     """Rows and goals from the timed cases; `bandwidth` (bytes per second) sets the floor columns."""
-    from .evaluate import score
-    from ..models import dtype_name
-    from .peers import average_token_layers
+    from ..evaluate import score
+    from ...models import dtype_name
+    from ..peers import average_token_layers
 
     cost, reads = CostModel.of(engine.decoder), Reads.of(engine.decoder)
     dtype = engine.decoder.dtype
@@ -463,9 +463,9 @@ def llamacpp_row(engine, case, cases, new_tokens: int, bandwidth: float) -> dict
     and scales, the tied head in its own type; float16 keys and values); and how many of our full-depth
     batch-1 tokens its greedy tokens reproduce (its 4-bit products against our float32 copy of the same
     blocks: close, not equal)."""
-    from .llamacpp import CACHE_BYTES, gguf_bytes
-    from .quality import common_prefix
-    from ..schedule import Schedule
+    from ..llamacpp import CACHE_BYTES, gguf_bytes
+    from ..quality import common_prefix
+    from ...schedule import Schedule
 
     runner, L = case.policy, engine.num_layers
     full = next(c for c in cases if c.method == "full" and c.batch_size == 1)
@@ -572,7 +572,7 @@ def step_goals(rows) -> list[dict]:
 def machine() -> dict:
     import torch
 
-    from ..models import cpu_flags
+    from ...models import cpu_flags
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -695,8 +695,8 @@ def _numbers(text: str, kind=float) -> tuple:
 def cmd_bench(args) -> int:
     import torch
 
-    from ..engine import Engine
-    from ..models import dtype_name, precision_reason
+    from ...engine import Engine
+    from ...models import dtype_name, precision_reason
 
     speedups = tuple(int(s) if float(s).is_integer() else s for s in _numbers(args.speedups))
     batch_sizes = _numbers(args.batch_sizes, int)
@@ -723,7 +723,7 @@ def cmd_bench(args) -> int:
     started = time.perf_counter()
     engine = Engine.load(args.model, device=args.device, dtype=args.dtype, adapter=args.adapter)
     if args.no_pack:
-        from ..transformer import Decoder
+        from ...transformer import Decoder
 
         engine.decoder = Decoder(engine.model, pack=False)
     engine.graphs = args.graphs
@@ -787,8 +787,8 @@ def open_llamacpp(engine, items, batch_sizes, new_tokens, say):
     """llama.cpp for this run's row (llamacpp.py), or None after one line saying why there is none."""
     import torch
 
-    from .llamacpp import Unavailable
-    from .llamacpp_child import for_engine
+    from ..llamacpp import Unavailable
+    from ..llamacpp_child import for_engine
 
     try:
         if 1 not in batch_sizes:
