@@ -518,7 +518,7 @@ def save_adapter(peft_model, out: Path, summary: dict) -> None:
 def where_trained(device) -> str:
     """The machine in words for the card ("an NVIDIA H200", "a 2-core AMD EPYC"): minutes mean little
     without it, and runs of one project now train on a CPU or on a GPU."""
-    from ..evaluation.bench import machine
+    from ..evaluation.machine import machine
 
     if torch.device(device).type == "cuda":
         name = torch.cuda.get_device_name(device)
