@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import gradio as gr
 
-from skipdecode.evaluation.bench import speed_figure
+from skipdecode.evaluation.bench.figure import speed_figure
 from skipdecode.schedule import max_speedup
 
 from . import plots, verified, views

@@ -386,5 +386,5 @@ def quality_speed_figure(e2e: pd.DataFrame, metric: str = "bleu", show_experimen
 
 
 def house_style(fig: go.Figure) -> go.Figure:
-    """A figure built elsewhere (e.g. `skipdecode.evaluation.bench.speed_figure`) in this app's look, title kept."""
+    """A figure built elsewhere (e.g. `skipdecode.evaluation.bench.figure.speed_figure`) in this app's look, title kept."""
     return _style(fig, fig.layout.title.text or "")

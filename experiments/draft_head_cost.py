@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from skipdecode.engine import Scheduled
-    from skipdecode.evaluation.bench import machine
+    from skipdecode.evaluation.machine import machine
     from skipdecode.speculative.shortlist import count
     from skipdecode.training.shortlists import e2e_targets
     from skipdecode.speculative.verify import Verified, _MEASURED, for_prompt

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from skipdecode import models
-from skipdecode.evaluation.bench import machine
+from skipdecode.evaluation.machine import machine
 
 
 def digest(folder: Path) -> str:

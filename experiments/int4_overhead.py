@@ -190,7 +190,7 @@ def consistency(engine) -> None:
     prefill's time at batch 1 and 16, and teacher-forced scoring against decoding: the full-depth argmax
     of one forward pass over prompt + answer (Engine.hidden_states, as the page's scores run) against the
     tokens decoding chose."""
-    from skipdecode.evaluation.bench import E2E_TEST
+    from skipdecode.evaluation.data import E2E_TEST
     from skipdecode.evaluation.data import read_items, resolve
 
     prompts = [item.prompt for item in read_items(resolve(None, E2E_TEST))[:16]]

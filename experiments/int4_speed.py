@@ -21,7 +21,7 @@ import statistics
 import torch
 
 from skipdecode.kernels import q4
-from skipdecode.evaluation.bench import E2E_TEST
+from skipdecode.evaluation.data import E2E_TEST
 from skipdecode.evaluation.data import read_items, resolve
 from skipdecode.engine import Engine
 from skipdecode.schedule import for_speedup

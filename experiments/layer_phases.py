@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     from skipdecode.kernels import native
     from skipdecode.engine import Engine
-    from skipdecode.evaluation.bench import machine
+    from skipdecode.evaluation.machine import machine
 
     timed = native.Library(extra=("-DLAYER_TIMES",))
     if timed.lib is None:

@@ -12,7 +12,7 @@ import torch
 
 from skipdecode import models
 from skipdecode.adapters import lora as adapters
-from skipdecode.evaluation.bench import machine
+from skipdecode.evaluation.machine import machine
 
 
 def merged(info, own: bool):

@@ -21,7 +21,7 @@ import time
 import torch
 
 from skipdecode.engine import Engine
-from skipdecode.evaluation.bench import machine
+from skipdecode.evaluation.machine import machine
 
 PROMPT = "name[The Cricketers], eatType[coffee shop], food[Chinese], near[Express by Holiday Inn]"
 

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from skipdecode.evaluation.bench import machine
+from skipdecode.evaluation.machine import machine
 from skipdecode.cache import KVCache
 from skipdecode.engine import Engine
 from skipdecode.transformer import Linear

@@ -25,7 +25,7 @@ from pathlib import Path
 from skipdecode.adapters.lora import (RECORD, WEIGHTS, adapters_dir, available_adapters, read_adapter, weights_digest,
                                  write_record)
 from skipdecode.speculative.shortlist import FILE as SHORTLIST
-from skipdecode.training.train import finish_adapter, write_card
+from skipdecode.training.card import finish_adapter, write_card
 
 FILES = ("adapter_config.json", WEIGHTS, RECORD)
 

@@ -233,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands():
     """Subcommands that live beside their code (train, eval, bench), imported only when the parser is
     built: the CLI is the top layer and may import every other."""
-    from .evaluation import bench, evaluate, verified
+    from .evaluation import evaluate, verified
+    from .evaluation.bench import command as bench
     from .training import train
 
     return train.register, evaluate.register, bench.register, verified.register

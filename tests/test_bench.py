@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from skipdecode.evaluation.bench import CostModel, agreement, goals, schedule_steps, speed_figure, trace_steps
+from skipdecode.evaluation.bench.cost import CostModel, schedule_steps, trace_steps
+from skipdecode.evaluation.bench.figure import speed_figure
+from skipdecode.evaluation.bench.goals import goals
+from skipdecode.evaluation.bench.rows import agreement
 from skipdecode.schedule import Schedule, for_speedup
 from skipdecode.trace import StepRecord, Trace
 
@@ -81,12 +84,12 @@ def test_read_bandwidth_is_bytes_over_seconds_of_the_fastest_pass(monkeypatch):
 
     import torch
 
-    from skipdecode.evaluation import bench
+    from skipdecode.evaluation.bench import timing
 
     ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.4])
-    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     probe = torch.ones(1 << 16)  # float32: 4 bytes an element
-    assert bench.read_bandwidth(probe, repeats=3) == (1 << 16) * 4 / 0.25
+    assert timing.read_bandwidth(probe, repeats=3) == (1 << 16) * 4 / 0.25
 
 
 def test_agreement_counts_full_outputs_tokens_up_to_eos():
@@ -179,7 +182,7 @@ def test_bench_missing_data_is_a_clear_error(tmp_path, cli):
 
 
 def test_readme_section_is_replaced_and_the_rest_kept(tmp_path):
-    from skipdecode.evaluation.bench import README_BEGIN, README_END, update_readme
+    from skipdecode.evaluation.bench.report import README_BEGIN, README_END, update_readme
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nintro\n{README_BEGIN}\nold table\n{README_END}\n\n## After\n")
@@ -207,7 +210,8 @@ def test_readme_section_is_replaced_and_the_rest_kept(tmp_path):
 def test_readme_option_defaults_to_the_table_file():
     import argparse
 
-    from skipdecode.evaluation.bench import TABLE_FILE, register
+    from skipdecode.evaluation.bench.command import register
+    from skipdecode.evaluation.bench.report import TABLE_FILE
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -218,7 +222,7 @@ def test_readme_option_defaults_to_the_table_file():
 
 
 def test_only_a_readme_run_writes_the_shipped_table_by_default(tmp_path):
-    from skipdecode.evaluation.bench import DEFAULT_OUT, output_path
+    from skipdecode.evaluation.bench.report import DEFAULT_OUT, output_path
 
     assert output_path(None, "docs/speed.md") == str(DEFAULT_OUT) and DEFAULT_OUT.is_absolute()
     quick = output_path(None, None)
@@ -235,7 +239,7 @@ def test_floor_counts_the_bytes_the_decoder_holds(engine):
     import torch
 
     from conftest import tiny_model
-    from skipdecode.evaluation.bench import Reads
+    from skipdecode.evaluation.bench.cost import Reads
     from skipdecode.transformer import Decoder
 
     reads = Reads.of(engine.decoder)
@@ -262,7 +266,7 @@ def test_kernel_decoders_load_one_engine_per_kernel_under_its_setting(monkeypatc
     $SKIPDECODE_KERNEL set to it, the caller's setting back afterwards."""
     from types import SimpleNamespace
 
-    from skipdecode.evaluation.bench import kernel_decoders
+    from skipdecode.evaluation.bench.timing import kernel_decoders
 
     monkeypatch.setenv("SKIPDECODE_KERNEL", "auto")
     seen = []

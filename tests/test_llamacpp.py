@@ -150,15 +150,15 @@ def test_the_child_answers_then_its_crash_is_one_line_naming_make_bench_peers(cr
 
 
 def test_bench_goes_on_when_llamacpp_crashes(crashing, engine):
-    from skipdecode.evaluation import bench
+    from skipdecode.evaluation.bench import timing
     from skipdecode.evaluation.data import Item
     from skipdecode.evaluation.llamacpp_child import InChild
 
     crashing.setenv("FAKE_LLAMACPP_ANSWERS", "2")  # the warm-up round's two timings, then the crash
     said = []
-    rows, _ = bench.run(engine, [Item("name[The Eagle], food[French]", ("x",))], speedups=(1,), batch_sizes=(1,),
-                        new_tokens=2, repeats=1, hf=False, peer=False, progress=said.append,
-                        llamacpp=InChild("model.gguf", 1, 64))
+    rows, _ = timing.run(engine, [Item("name[The Eagle], food[French]", ("x",))], speedups=(1,), batch_sizes=(1,),
+                         new_tokens=2, repeats=1, hf=False, peer=False, progress=said.append,
+                         llamacpp=InChild("model.gguf", 1, 64))
     lines = [line for line in said if "llama.cpp crashed" in line]
     assert len(lines) == 1 and "signal 11" in lines[0] and INSTALL in lines[0], said
     assert [r["method"] for r in rows] == ["full"] and "vs_llamacpp" not in rows[0]  # and the bench went on

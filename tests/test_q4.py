@@ -228,7 +228,7 @@ def test_scoring_through_the_engine_equals_transformers(engine):
 def test_the_bench_counts_the_same_work_and_the_real_bytes_on_both_paths(int4, engine):
     """The cost model's multiply-accumulates do not depend on a weight's format; the floor's bytes do: a
     4-bit layer reads its codes and their scales, about 5 bits a weight, not float32's 32."""
-    from skipdecode.evaluation.bench import CostModel, Reads
+    from skipdecode.evaluation.bench.cost import CostModel, Reads
 
     assert CostModel.of(int4.decoder) == CostModel.of(engine.decoder)
     dense, packed = Reads.of(engine.decoder), Reads.of(int4.decoder)

@@ -10,7 +10,9 @@ import torch
 from conftest import DEVICE, PROMPTS, IdTokenizer, tiny_checkpoint, tiny_model
 from skipdecode.engine import Engine
 from skipdecode.schedule import Schedule, for_speedup
-from skipdecode.training.train import SkipLM, article, collate, layer_plan
+from skipdecode.training.card import article, where_trained
+from skipdecode.training.data import collate
+from skipdecode.training.skip_lm import SkipLM, layer_plan
 
 
 def greedy_then_teacher_force(engine, model, prompt_ids, schedule, new_tokens):
@@ -73,7 +75,7 @@ def test_a_few_steps_lower_the_loss():
 
 def test_sequence_unlikelihood_penalizes_every_token_of_a_repeated_4gram_and_nothing_else():
     from skipdecode.training.targets import repeated_ngrams
-    from skipdecode.training.train import sequence_unlikelihood_loss
+    from skipdecode.training.losses import sequence_unlikelihood_loss
 
     assert repeated_ngrams([1, 2, 3, 4, 5, 1, 2, 3, 4]) == [False] * 5 + [True] * 4
     assert repeated_ngrams([7, 7, 7, 7, 7]) == [False, True, True, True, True]  # a one-token loop
@@ -154,7 +156,7 @@ def test_a_run_can_start_from_an_adapter_and_distill_from_the_full_model(tmp_pat
     assert "e2e-1x" in card and "50% of the training examples name a made-up restaurant" in card
     assert "(50% of those names English words" in card
     # the card says where the minutes were spent: this machine's CPU here, a GPU's name on a GPU
-    assert summary["device"] == training.where_trained("cpu") and f"minutes on {summary['device']};" in card
+    assert summary["device"] == where_trained("cpu") and f"minutes on {summary['device']};" in card
     assert summary["device"].startswith(f"a {os.cpu_count()}-core ")
     summary = training.train(training.TrainConfig(out=str(tmp_path / "skd"), init="e2e-1x", teacher="e2e-1x",
                                                   distill=0.5, sequence_kd=True, steps=1, **base))
@@ -167,7 +169,7 @@ def test_sequence_kd_targets_are_the_teachers_greedy_outputs(engine):
     """Each reference of an MR becomes the full-depth model's greedy output for that MR; the MR keeps its
     number of training examples."""
     from skipdecode.evaluation.data import Item
-    from skipdecode.training.train import teacher_items
+    from skipdecode.training.data import teacher_items
 
     items = [Item("name[The Eagle], eatType[pub]", ("r1", "r2", "r3")), Item("name[Strada], area[riverside]", ("r",))]
     taught = teacher_items(engine, items, batch_size=2, max_new_tokens=12)
@@ -183,7 +185,7 @@ def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(en
     (even after a line cut short by a stopped run) and decodes nothing, with the same targets."""
     from skipdecode.evaluation import runs
     from skipdecode.evaluation.data import Item
-    from skipdecode.training.train import teacher_items
+    from skipdecode.training.data import teacher_items
 
     items = [Item("name[The Eagle], eatType[pub]", ("r1", "r2")), Item("name[Strada], area[riverside]", ("r",))]
     cache = tmp_path / "teacher-outputs.jsonl"
@@ -199,7 +201,7 @@ def test_teacher_outputs_are_kept_so_a_resumed_run_does_not_decode_them_again(en
 def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
     """Retrained at the same path, a teacher gets a new file; the same weights elsewhere, the same file; the
     base model as teacher, none."""
-    from skipdecode.training.train import teacher_cache
+    from skipdecode.training.data import teacher_cache
 
     adapter = tmp_path / "one"
     adapter.mkdir()
@@ -220,17 +222,17 @@ def test_the_teacher_outputs_file_is_named_by_the_adapters_weights(tmp_path):
 def test_a_sequence_kd_share_replaces_that_share_of_the_references(engine):
     """`--sequence-kd 0.5` keeps about half of the human references; which ones is fixed by the seed; a share
     of 0 keeps them all; an out-of-range share is refused before any work."""
-    from skipdecode.training import train as training
+    from skipdecode.training import data, train as training
     from skipdecode.evaluation.data import Item
 
     items = [Item(f"name[The Eagle], eatType[pub], area[{a}]", tuple(f"r{a}{k}" for k in range(8)))
              for a in ("riverside", "city centre")]
-    half = training.teacher_items(engine, items, share=0.5, seed=3, batch_size=2, max_new_tokens=8)
+    half = data.teacher_items(engine, items, share=0.5, seed=3, batch_size=2, max_new_tokens=8)
     kept = [ref for item, new in zip(items, half) for ref, was in zip(new.refs, item.refs) if ref == was]
     taught = [{ref for ref, was in zip(new.refs, item.refs) if ref != was} for item, new in zip(items, half)]
     assert 4 <= len(kept) <= 12 and [len(t) for t in taught] == [1, 1]  # one teacher sentence per MR
-    assert half == training.teacher_items(engine, items, share=0.5, seed=3, batch_size=2, max_new_tokens=8)
-    assert training.teacher_items(engine, items, share=0.0, batch_size=2, max_new_tokens=8) == items
+    assert half == data.teacher_items(engine, items, share=0.5, seed=3, batch_size=2, max_new_tokens=8)
+    assert data.teacher_items(engine, items, share=0.0, batch_size=2, max_new_tokens=8) == items
     with pytest.raises(ValueError, match="--sequence-kd is a share"):
         training.train(training.TrainConfig(out="unused", teacher="e2e-1x", distill=0.5, sequence_kd=1.5))
 
@@ -270,7 +272,7 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
 
 def test_training_follows_the_spread_it_is_given():
     """`--spread` reaches the schedules a run trains on (and so its adapter's record)."""
-    from skipdecode.training.train import TrainConfig, schedules_for
+    from skipdecode.training.config import TrainConfig, schedules_for
 
     flat, wide = (schedules_for([3.0], 30, TrainConfig(out="", spread=s))[0] for s in (1.0, 1.5))
     assert (flat.max_budget, flat.min_budget, wide.max_budget, wide.min_budget) == (10, 10, 15, 5)
@@ -281,7 +283,7 @@ def test_an_mr_epoch_takes_one_reference_of_every_mr():
     epoch); groups of one give every example each epoch in the order the devset-era runs used."""
     import random
 
-    from skipdecode.training.train import batches
+    from skipdecode.training.data import batches
 
     groups = [[(m, r) for r in range(8)] for m in range(12)]
     stream = batches(groups, batch_size=4, seed=5)

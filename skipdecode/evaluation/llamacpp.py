@@ -3,7 +3,7 @@ declares llama-cpp-python as its dependency), on the same GGUF file.
 
 Like with like: the same token ids (the engine's encoded prompt, fed as tokens, so prompt and length
 match exactly), greedy, batch 1, exactly `new_tokens` new tokens (EOS does not stop it), as many threads as
-torch uses, and timed as `bench.time_engine` times ours: from the call to the first token (the prefill and
+torch uses, and timed as `bench.timing.time_engine` times ours: from the call to the first token (the prefill and
 its token: the time to first token), and from the first token to the last, over the decode steps after it
 (ms per token, prefill excluded). Every call starts from an empty KV cache, as ours does: no prompt prefix
 is reused between rounds.

@@ -19,7 +19,7 @@ from statistics import median
 
 from ..adapters.router import E2E, GENERAL
 from ..speculative.verify import Verified, for_prompt
-from .bench import machine
+from .machine import machine
 
 SETS = (E2E, GENERAL)
 

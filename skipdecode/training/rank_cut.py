@@ -34,7 +34,7 @@ def cut_rank(source: str | Path, dest: str | Path, rank: int) -> dict:
     the nearest one); returns what the cut kept: the mean and least share of energy over the updates."""
     from safetensors.torch import load_file, save_file
 
-    from .train import finish_adapter
+    from .card import finish_adapter
 
     source, dest = Path(source), Path(dest)
     info = read_adapter(source)

@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     from ..adapters.lora import find_adapter, merge_adapter, trained_schedule, write_record
     from ..evaluation.data import Item, pairs, training_split
     from ..models import load_model
-    from .train import batches, collate, tokenize_pairs
+    from .data import batches, collate, tokenize_pairs
 
     torch.manual_seed(args.seed)
     init, teacher_info = find_adapter(args.init), find_adapter(args.teacher)
