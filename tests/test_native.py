@@ -364,6 +364,42 @@ def test_a_kernel_refuses_sizes_it_does_not_take():
         native.Tensor.of(q.double())
 
 
+def test_the_layers_scratch_is_kept_between_calls_and_changes_no_bit(monkeypatch):
+    """layer.c cuts a call's scratch from the buffer its Layers keeps (grown to what a call needs, up to
+    WORK_KEPT): the same bits as scratch allocated for the call, whatever the buffer held before; a call
+    needing more than WORK_KEPT allocates its own; calls from two threads at once each get scratch of their own."""
+    import threading
+
+    dec = adapted_tiny_llama().decoder
+    x, rope, mask, cache = layer_inputs(dec)
+    fused = dec.fused
+    fresh = dec.block(1, x, rope, mask, *cache.clone(), 4)  # the first call: nothing kept yet, its own scratch
+    assert fused.work.numel() > 0
+    fused.work.fill_(255)  # NaNs in every float it holds
+    assert torch.equal(dec.block(1, x, rope, mask, *cache.clone(), 4), fresh)
+    kept = fused.work
+    assert torch.equal(dec.block(1, x[:1], (rope[0][:1], rope[1][:1]), mask[:1], *cache[:, :1].clone(), 4), fresh[:1])
+    assert fused.work is kept  # fewer rows: the same buffer
+    monkeypatch.setattr(native, "WORK_KEPT", 0)
+    fused.work = torch.empty(0, dtype=torch.uint8)
+    assert torch.equal(dec.block(1, x, rope, mask, *cache.clone(), 4), fresh) and fused.work.numel() == 0
+    monkeypatch.undo()
+    got = {}
+
+    def run(name, rows):
+        for _ in range(20):
+            got.setdefault(name, []).append(dec.block(1, x[rows], (rope[0][rows], rope[1][rows]), mask[rows],
+                                                      *cache[:, rows].clone(), 4))
+
+    threads = [threading.Thread(target=run, args=(name, rows)) for name, rows in (("all", slice(0, 3)),
+                                                                                   ("last", slice(2, 3)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(torch.equal(y, fresh) for y in got["all"]) and all(torch.equal(y, fresh[2:]) for y in got["last"])
+
+
 def test_the_kernels_sources_and_header_ship_with_the_package_and_the_space():
     """Every file the library builds from (native.SOURCES and HEADERS) is in the wheel's package data and in
     what scripts/publish_space.py sends: a Space or an installed package builds the same library."""

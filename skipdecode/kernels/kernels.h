@@ -60,6 +60,11 @@ typedef struct {
     /* Rows of several adapters over one base (a continuous batch's rows of different models): row b takes the
        LoRA terms of lora[b]'s layers (the same base matrices, its own factors). NULL: `layers`' for every row. */
     const Layer *const *lora;
+    /* Scratch (as ggml_cplan's work buffer): work_size bytes at work, kept by the caller between calls; the call
+       sets work_need to the bytes it takes, and allocates them itself for this call where work_size is short
+       (work NULL: always). */
+    uint8_t *work;
+    int64_t work_size, work_need;
 } Call;
 
 /* out [B, H, S, hd] = softmax(q k^T / sqrt(hd) + mask) v for q [B, H, S, hd], keys and values [B, Hkv, T, hd]
@@ -68,8 +73,8 @@ typedef struct {
 int attention(const Tensor *q, const Tensor *k, const Tensor *v, const Tensor *mask, const Tensor *out);
 
 /* layers[which[0]], ..., layers[which[count - 1]] on call->x (layer.c). Returns 0, -1 when scratch memory is
-   short, -2 when the sizes do not fit the kernels. */
-int layers_forward(const Layer *layers, const Config *c, const int64_t *which, int64_t count, const Call *call);
+   short, -2 when the sizes do not fit the kernels; sets call->work_need. */
+int layers_forward(const Layer *layers, const Config *c, const int64_t *which, int64_t count, Call *call);
 
 /* ---- Between the kernels -------------------------------------------------------------------------------- */
 

@@ -24,7 +24,7 @@ static const struct {
     SIZE(Call),          FIELD(Call, x),          FIELD(Call, cos),       FIELD(Call, sin),
     FIELD(Call, mask),   FIELD(Call, keys),       FIELD(Call, values),    FIELD(Call, layer_stride),
     FIELD(Call, start),  FIELD(Call, T),          FIELD(Call, rows),      FIELD(Call, starts),
-    FIELD(Call, lora),
+    FIELD(Call, lora),   FIELD(Call, work),       FIELD(Call, work_size), FIELD(Call, work_need),
 };
 
 /* sizeof(type) where field is "", else offsetof(type, field); -1 where kernels.h has no such struct or field */

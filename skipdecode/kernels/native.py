@@ -58,7 +58,7 @@ class Config(ctypes.Structure):
 class Call(ctypes.Structure):
     _fields_ = [("x", Tensor), ("cos", Tensor), ("sin", Tensor), ("mask", Tensor), ("keys", Tensor),
                 ("values", Tensor), ("layer_stride", _I), ("start", _I), ("T", _I), ("rows", _P), ("starts", _P),
-                ("lora", _P)]
+                ("lora", _P), ("work", _P), ("work_size", _I), ("work_need", _I)]
 
 
 STRUCTS = (Tensor, Product, Layer, Config, Call)
@@ -197,6 +197,10 @@ def top_k(x: torch.Tensor, k: int, lib: ctypes.CDLL) -> torch.Tensor:
 
 # ---- layer.c: decoder layers in one call ---------------------------------------------------------------
 SPAN = 64  # layer.c's SPAN: the outputs one LoRA span covers
+# The most scratch a Layers keeps between calls (bytes): for the default model, a continuous batch's steps and
+# prefill chunks (slots.PREFILL_CHUNK rows) fit; a call that needs more (a long prompt's prefill) allocates its
+# own for that call and gives it back, as every call did before.
+WORK_KEPT = 4 << 20
 
 
 def lora_spans(b: torch.Tensor) -> torch.Tensor:
@@ -214,7 +218,9 @@ def lora_spans(b: torch.Tensor) -> torch.Tensor:
 class Layers:
     """A llama-family decoder's layers on the int8 kernel, each layer (or a list of them) in one native call
     (layer.c): what `Decoder.block` and `Decoder.run_layers` run when every product is a q8.W4A8Linear. Holds
-    the layers' weights as C structs, built once; the tensors they point into stay referenced here."""
+    the layers' weights as C structs, built once; the tensors they point into stay referenced here. Also the
+    calls' scratch (Call.work): one buffer, grown to what a call needs up to WORK_KEPT and reused, by one call at
+    a time (a call that finds it in use, from another thread, has its own allocated)."""
 
     def __init__(self, dec, lib: ctypes.CDLL):
         self.lib = lib
@@ -222,6 +228,8 @@ class Layers:
                               dec.blocks[0].down.in_features, dec.eps)
         self.held = []
         self.layers = (Layer * dec.num_layers)(*(self._layer(b) for b in dec.blocks))
+        self.work = torch.empty(0, dtype=torch.uint8)
+        self._work_lock = threading.Lock()
 
     def _tensor(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
@@ -283,7 +291,16 @@ class Layers:
             table = (ctypes.c_void_p * B)(*(ctypes.addressof(layers.layers) for layers in lora))
             call.lora = ctypes.addressof(table)
         which = (ctypes.c_int64 * len(which))(*which)
-        done = self.lib.layers_forward(self.layers, ctypes.byref(self.config), which, len(which), ctypes.byref(call))
+        mine = self._work_lock.acquire(blocking=False)
+        try:
+            if mine:
+                call.work, call.work_size = self.work.data_ptr(), self.work.numel()
+            done = self.lib.layers_forward(self.layers, ctypes.byref(self.config), which, len(which), ctypes.byref(call))
+            if mine and self.work.numel() < call.work_need <= WORK_KEPT:
+                self.work = torch.empty(call.work_need, dtype=torch.uint8)  # the next call's
+        finally:
+            if mine:
+                self._work_lock.release()
         if done:
             raise checked(done, "layer")
         return out
