@@ -4,6 +4,7 @@ whatever the batch; the float32 attention (attention.c) against float64 SDPA and
 in a prefill; the library built once per cache and reused by another process; no compiler or a failed
 build gives PyTorch's kernels and says why."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -333,6 +334,70 @@ def test_the_avx2_builds_keep_the_arithmetic_and_every_rows_bits(extra, isa, tmp
         alone = native.attention(q[:, :, s:s + 1], keys[:, :, :17 + s], values[:, :, :17 + s], None, lib=built)
         assert torch.equal(alone, prefill[:, :, s:s + 1])
 
+
+
+def test_the_ctypes_structs_are_the_c_structs_field_by_field():
+    """Each struct of kernels.h has one ctypes class in native.py (STRUCTS) with the compiler's size, fields
+    and offsets (layout.c reports them): a field added, moved or resized on one side only fails here."""
+    lib = native.library().lib
+    for struct in native.STRUCTS:
+        name = struct.__name__.encode()
+        assert lib.layout(name, b"") == ctypes.sizeof(struct), struct.__name__
+        assert lib.layout_fields(name) == len(struct._fields_), struct.__name__
+        for field, kind in struct._fields_:
+            assert lib.layout(name, field.encode()) == getattr(struct, field).offset, (struct.__name__, field)
+            assert getattr(struct, field).size == ctypes.sizeof(kind)
+    assert lib.layout(b"Call", b"cache") == -1 and lib.layout(b"Nothing", b"") == -1
+
+
+def test_a_kernel_refuses_sizes_it_does_not_take():
+    """The Tensor descriptors carry shapes: keys and values of other strides, or a head dimension that is not
+    contiguous, are refused (ValueError), not read out of bounds."""
+    q, keys, values = attention_inputs(B=1, S=2, T=10)
+    lib = native.library().lib
+    out = torch.empty_like(q)
+    assert lib.attention(*(native.Tensor.of(t) for t in (q, keys, values[:, :, :9])), native.Tensor(),
+                         native.Tensor.of(out)) == native.SHAPES
+    assert lib.attention(*(native.Tensor.of(t) for t in (q.transpose(2, 3), keys, values)), native.Tensor(),
+                         native.Tensor.of(out.transpose(2, 3))) == native.SHAPES
+    with pytest.raises(ValueError, match="float32"):
+        native.Tensor.of(q.double())
+
+
+def test_the_layers_scratch_is_kept_between_calls_and_changes_no_bit(monkeypatch):
+    """layer.c cuts a call's scratch from the buffer its Layers keeps (grown to what a call needs, up to
+    WORK_KEPT): the same bits as scratch allocated for the call, whatever the buffer held before; a call
+    needing more than WORK_KEPT allocates its own; calls from two threads at once each get scratch of their own."""
+    import threading
+
+    dec = adapted_tiny_llama().decoder
+    x, rope, mask, cache = layer_inputs(dec)
+    fused = dec.fused
+    fresh = dec.block(1, x, rope, mask, *cache.clone(), 4)  # the first call: nothing kept yet, its own scratch
+    assert fused.work.numel() > 0
+    fused.work.fill_(255)  # NaNs in every float it holds
+    assert torch.equal(dec.block(1, x, rope, mask, *cache.clone(), 4), fresh)
+    kept = fused.work
+    assert torch.equal(dec.block(1, x[:1], (rope[0][:1], rope[1][:1]), mask[:1], *cache[:, :1].clone(), 4), fresh[:1])
+    assert fused.work is kept  # fewer rows: the same buffer
+    monkeypatch.setattr(native, "WORK_KEPT", 0)
+    fused.work = torch.empty(0, dtype=torch.uint8)
+    assert torch.equal(dec.block(1, x, rope, mask, *cache.clone(), 4), fresh) and fused.work.numel() == 0
+    monkeypatch.undo()
+    got = {}
+
+    def run(name, rows):
+        for _ in range(20):
+            got.setdefault(name, []).append(dec.block(1, x[rows], (rope[0][rows], rope[1][rows]), mask[rows],
+                                                      *cache[:, rows].clone(), 4))
+
+    threads = [threading.Thread(target=run, args=(name, rows)) for name, rows in (("all", slice(0, 3)),
+                                                                                   ("last", slice(2, 3)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(torch.equal(y, fresh) for y in got["all"]) and all(torch.equal(y, fresh[2:]) for y in got["last"])
 
 
 def test_the_kernels_sources_and_header_ship_with_the_package_and_the_space():

@@ -16,20 +16,6 @@
 
 #include "kernels.h"
 
-#define LANES 16
-
-/* a . b in LANES lanes along the vector, then halves added pairwise: the same order for every call */
-static inline float dot(const float *a, const float *b, int64_t n) {
-    float part[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) part[j] = fmaf(a[i + j], b[i + j], part[j]);
-    for (int j = 0; i + j < n; j++) part[j] = fmaf(a[i + j], b[i + j], part[j]);
-    for (int w = LANES / 2; w; w /= 2)
-        for (int j = 0; j < w; j++) part[j] += part[j + w];
-    return part[0];
-}
-
 #if defined(__AVX512F__)
 /* hd = 64 (SmolLM2's heads) in four registers: the dot's 16 lanes summed by _mm512_reduce_add_ps, the
    weighted sum in four accumulators; the same operations for every column */
@@ -89,12 +75,18 @@ void attention_row(const float *qr, const float *kr, const float *vr, int64_t kt
     for (int64_t i = 0; i < hd; i++) o[i] = o[i] * inverse;
 }
 
-/* q [B, H, S, hd] and out [B, H, S, hd] (strides in elements for b, h, s; hd contiguous), keys and
-   values [B, Hkv, T, hd] (strides for b, h, t), mask [B, 1, S, T] (strides for b, s; NULL: every column).
-   Returns 0, or -1 when scratch memory is short. */
-int attention(const float *q, int64_t qb, int64_t qh, int64_t qs, const float *k, const float *v, int64_t kb,
-              int64_t kh, int64_t kt, const float *mask, int64_t mb, int64_t ms, float *out, int64_t ob,
-              int64_t oh, int64_t os, int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t T, int64_t hd) {
+/* kernels.h: Q, O [B, H, S, hd]; K and V [B, Hkv, T, hd]; M [B, 1, S, T] */
+int attention(const Tensor *Q, const Tensor *K, const Tensor *V, const Tensor *M, const Tensor *O) {
+    const int64_t B = Q->ne[0], H = Q->ne[1], S = Q->ne[2], hd = Q->ne[3], Hkv = K->ne[1], T = K->ne[2];
+    const float *q = Q->data, *k = K->data, *v = V->data, *mask = M->data;
+    float *out = O->data;
+    const int64_t qb = Q->nb[0], qh = Q->nb[1], qs = Q->nb[2], kb = K->nb[0], kh = K->nb[1], kt = K->nb[2];
+    const int64_t mb = M->nb[0], ms = M->nb[2], ob = O->nb[0], oh = O->nb[1], os = O->nb[2];
+    for (int i = 0; i < DIMS; i++)
+        if (K->ne[i] != V->ne[i] || K->nb[i] != V->nb[i] || O->ne[i] != Q->ne[i]) return -2;
+    if (Q->nb[3] != 1 || K->nb[3] != 1 || O->nb[3] != 1 || K->ne[0] != B || K->ne[3] != hd || !Hkv || H % Hkv ||
+        (mask && (M->nb[3] != 1 || M->ne[0] != B || M->ne[2] != S || M->ne[3] != T)))
+        return -2;
     const int64_t group = H / Hkv, tasks = B * H * S;
     int failed = 0;
 #pragma omp parallel if (tasks * T * hd >= 65536) reduction(| : failed)

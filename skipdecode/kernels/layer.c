@@ -15,6 +15,7 @@
    prefill and in a verify pass. Built with -ffp-contract=off. */
 
 #include <immintrin.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,63 +25,19 @@
 
 #define SPAN 64 /* outputs a LoRA span covers: the outputs of 4 units, what product() hands a thread at a time */
 
-typedef struct {
-    const uint8_t *w; /* the Q4_1 blocks in w4a8.c's layout */
-    int64_t n, k;     /* outputs, inputs */
-    const float *a;   /* LoRA: a [k, rank], b [rank, n] (the scale folded into b); a NULL: none */
-    const float *b;
-    int64_t rank;
-    const int32_t *spans; /* per SPAN outputs, the rank rows [j0, j1) of b that hold a nonzero there: a fused
-                             matrix's b is block-diagonal (query/key/value, gate/up), two thirds or half zero */
-} Product;
-
-typedef struct {
-    const float *norm1, *norm2; /* RMSNorm weights [d] */
-    Product qkv, out, up, down; /* up: gate then up, [2 ffn] outputs */
-} Layer;
-
-typedef struct {
-    int64_t d, heads, kv_heads, head_dim, ffn;
-    float eps;
-} Config;
-
-typedef struct {
-    float *x; /* hidden states [B, S, d], contiguous, updated in place */
-    int64_t B, S;
-    const float *cos, *sin; /* RoPE: cos and signed sin (transformer.Decoder.rope) [B, S, hd], strides rb, rs */
-    int64_t rb, rs;
-    const float *mask; /* additive mask [B, S, >= T], strides mb, ms, columns contiguous; NULL: every column */
-    int64_t mb, ms;
-    float *cache; /* keys of layer l, row b, head h, column t at cache + l cl + b cb + h ch + t ct; values + cv */
-    int64_t cl, cv, cb, ch, ct;
-    int64_t start, T; /* the S new columns go at start..; attention over columns 0..T-1 */
-    /* Rows at different positions (skipdecode/slots.py: a continuous batch): row b's columns live in cache row
-       rows[b] and its S new ones go at starts[b]..; it attends over columns 0..starts[b] + S - 1 (T: at least
-       the largest). NULL: cache row b, and `start` for every row. */
-    const int64_t *rows, *starts;
-    /* Rows of several adapters over one base (a continuous batch's rows of different models): row b takes the
-       LoRA terms of lora[b]'s layers (the same base matrices, its own factors). NULL: `layers`' for every row. */
-    const Layer *const *lora;
-} Call;
+/* Product, Layer, Config and Call: kernels.h, the interface native.py calls */
 
 /* The product whose LoRA term input row r takes: p itself, or the same product (qkv, out, up or down) in the
    layers of row r's adapter */
 static inline const Product *lora_of(const Product *p, const Layer *l, const Call *call, int64_t layer, int64_t r) {
     if (!call->lora) return p;
-    return (const Product *)((const char *)(call->lora[r / call->S] + layer) + ((const char *)p - (const char *)l));
+    return (const Product *)((const char *)(call->lora[r / call->x.ne[1]] + layer) + ((const char *)p - (const char *)l));
 }
 
-/* RMSNorm of one row: its sum of squares in 16 lanes, then halves added pairwise */
+/* RMSNorm of one row: its sum of squares in LANES lanes, then halves added pairwise (dot, kernels.h) */
 static void rms_norm(const float *x, const float *w, int64_t d, float eps, float *out) {
-    float part[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= d; i += 16)
-        for (int j = 0; j < 16; j++) part[j] = fmaf(x[i + j], x[i + j], part[j]);
-    for (int j = 0; i + j < d; j++) part[j] = fmaf(x[i + j], x[i + j], part[j]);
-    for (int h = 8; h; h /= 2)
-        for (int j = 0; j < h; j++) part[j] += part[j + h];
-    const float inverse = 1.0f / sqrtf(part[0] / (float)d + eps);
-    for (i = 0; i < d; i++) out[i] = x[i] * inverse * w[i];
+    const float inverse = 1.0f / sqrtf(dot(x, x, d) / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) out[i] = x[i] * inverse * w[i];
 }
 
 /* SiLU(gate) * up for one row */
@@ -235,36 +192,80 @@ static void rope(float *t, const float *cos, const float *sin, int64_t hd, float
     memcpy(t, tmp, sizeof(float) * (size_t)hd);
 }
 
-static Acts acts(int64_t rows, int64_t k_max, int64_t rank_max) {
-    Acts a = {malloc(sizeof(float) * (size_t)(rows * k_max)), malloc(sizeof(float) * (size_t)(rows * rank_max + 1)),
-              malloc((size_t)(rows * k_max)), malloc(sizeof(float) * (size_t)(rows * k_max / GROUP)),
-              malloc(sizeof(float) * (size_t)(rows * k_max / GROUP))};
+/* A call's scratch, cut from one buffer: `take` hands out n bytes on a 64-byte boundary; with no buffer (base
+   NULL) it only counts them, so one walk sizes the buffer and the next cuts it the same way */
+typedef struct {
+    char *base;
+    size_t used;
+} Carve;
+
+static void *take(Carve *c, size_t n) {
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += (n + 63) & ~(size_t)63;
+    return p;
+}
+
+static Acts acts(Carve *c, int64_t rows, int64_t k_max, int64_t rank_max) {
+    Acts a = {take(c, sizeof(float) * (size_t)(rows * k_max)), take(c, sizeof(float) * (size_t)(rows * rank_max + 1)),
+              take(c, (size_t)(rows * k_max)), take(c, sizeof(float) * (size_t)(rows * k_max / GROUP)),
+              take(c, sizeof(float) * (size_t)(rows * k_max / GROUP))};
     return a;
 }
 
-static int acts_ok(const Acts *a) { return a->x && a->xa && a->q && a->dx && a->sx; }
+/* The team's scratch: the products' outputs (wk), and past OWN_ROWS rows the inputs the threads share */
+static void team_scratch(Carve *c, Work *wk, Acts *shared, int own, int64_t R, int64_t width, const Config *cf,
+                         int64_t k_max) {
+    const int64_t d = cf->d, ffn = cf->ffn;
+    wk->qkv = take(c, sizeof(float) * (size_t)(R * width));
+    wk->att = take(c, sizeof(float) * (size_t)(R * cf->heads * cf->head_dim));
+    wk->up = take(c, sizeof(float) * (size_t)(R * 2 * ffn));
+    wk->sum = take(c, sizeof(float) * (size_t)(R * (d > 2 * ffn ? d : 2 * ffn)));
+    if (!own) *shared = acts(c, R, k_max, wk->rank_max);
+}
 
-static void acts_free(Acts *a) { free(a->x), free(a->xa), free(a->q), free(a->dx), free(a->sx); }
+/* A thread's own scratch: the attention's scores (then RoPE's row) and columns, and with few rows its inputs */
+typedef struct {
+    float *scores;
+    int64_t *seen;
+    Acts mine;
+} Own;
+
+static Own own_scratch(Carve *c, int64_t T, int64_t hd, int own, int64_t rows, int64_t k_max, int64_t rank_max) {
+    Own o = {take(c, sizeof(float) * (size_t)(T + hd)), take(c, sizeof(int64_t) * (size_t)T), {0}};
+    if (own) o.mine = acts(c, rows, k_max, rank_max);
+    return o;
+}
 
 /* Up to this many rows, every thread prepares a product's whole input for itself (the same bits in each):
    a decode step's few rows cost less than a barrier; more rows are split among the threads. */
 #define OWN_ROWS 8
 
-/* layers[which[0]], ..., layers[which[count - 1]] on call->x. Returns 0, or -1 when scratch memory is short
-   or the sizes do not fit the kernels.
+/* The layers of a call (kernels.h).
 
    Barriers a layer: after the query/key/value product, after the attention, after each of the other three
    products (their inputs need every output of the step before); with more than OWN_ROWS rows, also after
    each preparation of a product's input. RoPE, the cache write and the attention of a kv head's group
    run in one task per batch row, with no barrier between them. */
-int layers_forward(const Layer *layers, const Config *c, const int64_t *which, int64_t count, const Call *call) {
-    const int64_t R = call->B * call->S, S = call->S, d = c->d, hd = c->head_dim, H = c->heads, Hkv = c->kv_heads;
-    const int64_t width = (H + 2 * Hkv) * hd, group = H / Hkv;
-    if (d % GROUP || (H * hd) % GROUP || c->ffn % GROUP || hd % 2) return -1;
+int layers_forward(const Layer *layers, const Config *c, const int64_t *which, int64_t count, Call *call) {
+    const int64_t B = call->x.ne[0], S = call->x.ne[1], R = B * S, d = c->d, hd = c->head_dim, H = c->heads;
+    const int64_t Hkv = c->kv_heads, width = (H + 2 * Hkv) * hd, group = H / Hkv;
+    float *const x = call->x.data;
+    const float *const mask = call->mask.data;
+    const int64_t rb = call->cos.nb[0], rs = call->cos.nb[1], mb = call->mask.nb[0], ms = call->mask.nb[2];
+    const int64_t cb = call->keys.nb[0], ch = call->keys.nb[1], ct = call->keys.nb[2];
+    if (d % GROUP || (H * hd) % GROUP || c->ffn % GROUP || hd % 2) return -2;
+    if (call->x.ne[2] != d || call->x.nb[2] != 1 || call->x.nb[1] != d || call->x.nb[0] != S * d) return -2;
+    if (call->cos.data && (call->cos.ne[3] != hd || call->cos.nb[3] != 1 || call->sin.nb[0] != rb || call->sin.nb[1] != rs ||
+                           call->sin.nb[3] != 1))
+        return -2;
+    if (mask && call->mask.nb[3] != 1) return -2;
+    for (int j = 0; j < DIMS; j++)
+        if (call->values.nb[j] != call->keys.nb[j]) return -2;
+    if (call->keys.ne[3] != hd || call->keys.nb[3] != 1) return -2;
     Work wk = {0};
     int64_t k_max = d > c->ffn ? d : c->ffn;
     k_max = k_max > H * hd ? k_max : H * hd;
-    for (int64_t b = -1; b < (call->lora ? call->B : 0); b++) /* the call's layers, then each row's adapter's */
+    for (int64_t b = -1; b < (call->lora ? B : 0); b++) /* the call's layers, then each row's adapter's */
         for (int64_t i = 0; i < count; i++) {
             const Layer *l = (b < 0 ? layers : call->lora[b]) + which[i];
             const Product *ps[4] = {&l->qkv, &l->out, &l->up, &l->down};
@@ -272,28 +273,36 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
                 if (ps[j]->a && ps[j]->rank > wk.rank_max) wk.rank_max = ps[j]->rank;
         }
     const int own = R <= OWN_ROWS;
-    wk.qkv = malloc(sizeof(float) * (size_t)(R * width));
-    wk.att = malloc(sizeof(float) * (size_t)(R * H * hd));
-    wk.up = malloc(sizeof(float) * (size_t)(R * 2 * c->ffn));
-    wk.sum = malloc(sizeof(float) * (size_t)(R * (d > 2 * c->ffn ? d : 2 * c->ffn)));
-    Acts shared = own ? (Acts){0} : acts(R, k_max, wk.rank_max);
-    int failed = !wk.qkv || !wk.att || !wk.up || !wk.sum || (!own && !acts_ok(&shared));
+    /* the scratch: the team's (wk, and the shared inputs past OWN_ROWS rows), then each thread's (Own), in
+       call->work where it holds them (the buffer native.Layers keeps), else allocated for this call */
+    Carve size = {NULL, 0};
+    Acts shared = {0};
+    team_scratch(&size, &wk, &shared, own, R, width, c, k_max);
+    const size_t team = size.used, threads = (size_t)omp_get_max_threads(); /* a team has at most this many */
+    own_scratch(&size, call->T, hd, own, R, k_max, wk.rank_max);
+    const size_t each = size.used - team, need = team + threads * each + 64; /* + 64: the base aligned */
+    call->work_need = (int64_t)need;
+    char *buffer = call->work && (size_t)call->work_size >= need ? (char *)call->work : NULL, *allocated = NULL;
+    if (!buffer) buffer = allocated = malloc(need);
+    if (!buffer) return -1;
+    Carve cut = {buffer + (64 - (uintptr_t)buffer % 64) % 64, 0};
+    team_scratch(&cut, &wk, &shared, own, R, width, c, k_max);
     MARK_START; /* timing only (timing.h): nothing unless built with -DLAYER_TIMES */
-    if (!failed) {
-#pragma omp parallel reduction(| : failed)
-        {
-            float *scores = malloc(sizeof(float) * (size_t)(call->T + hd));
-            int64_t *seen = malloc(sizeof(int64_t) * (size_t)call->T);
-            Acts mine = own ? acts(R, k_max, wk.rank_max) : shared;
-            const int ok = scores && seen && acts_ok(&mine);
-            Acts *in = &mine;
+#pragma omp parallel
+    {
+        Carve mine_cut = {cut.base + team + (size_t)omp_get_thread_num() * each, 0};
+        Own scratch = own_scratch(&mine_cut, call->T, hd, own, R, k_max, wk.rank_max);
+        float *scores = scratch.scores;
+        int64_t *seen = scratch.seen;
+        Acts mine = own ? scratch.mine : shared;
+        Acts *in = &mine;
 /* a product's input rows, each row r made by `make` into in->x and prepared: by every thread for itself, or
    split among the threads and then shared */
 #define INPUT(p, make)                                                    \
     do {                                                                  \
         if (own) {                                                        \
-            for (int64_t r = 0; r < R && ok; r++) make;                   \
-            if (ok) prepare(p, l, call, which[i], in, wk.rank_max, 0, R); \
+            for (int64_t r = 0; r < R; r++) make;                         \
+            prepare(p, l, call, which[i], in, wk.rank_max, 0, R);         \
         } else {                                                          \
             _Pragma("omp for schedule(static)")                           \
             for (int64_t r4 = 0; r4 < R; r4 += 4) {                       \
@@ -303,62 +312,57 @@ int layers_forward(const Layer *layers, const Config *c, const int64_t *which, i
             }                                                             \
         }                                                                 \
     } while (0)
-            for (int64_t i = 0; i < count; i++) {
-                const Layer *l = layers + which[i];
-                float *keys = call->cache + which[i] * call->cl, *values = keys + call->cv;
-                INPUT(&l->qkv, rms_norm(call->x + r * d, l->norm1, d, c->eps, in->x + r * d));
-                MARK(0);
-                product(&l->qkv, l, call, which[i], in, &wk, R, wk.qkv, width, NULL, 0);
-                MARK(1);
-                /* per batch row and kv head: RoPE on its keys and its group's queries, its keys and values
-                   into the cache, then its group's attention */
+        for (int64_t i = 0; i < count; i++) {
+            const Layer *l = layers + which[i];
+            float *keys = call->keys.data + which[i] * call->layer_stride;
+            float *values = call->values.data + which[i] * call->layer_stride;
+            INPUT(&l->qkv, rms_norm(x + r * d, l->norm1, d, c->eps, in->x + r * d));
+            MARK(0);
+            product(&l->qkv, l, call, which[i], in, &wk, R, wk.qkv, width, NULL, 0);
+            MARK(1);
+            /* per batch row and kv head: RoPE on its keys and its group's queries, its keys and values
+               into the cache, then its group's attention */
 #pragma omp for schedule(static)
-                for (int64_t task = 0; task < call->B * Hkv; task++) {
-                    if (!ok) continue;
-                    const int64_t b = task / Hkv, g = task % Hkv;
-                    const int64_t slot = call->rows ? call->rows[b] : b;
-                    const int64_t start = call->starts ? call->starts[b] : call->start, T = start + S;
-                    for (int64_t s = 0; s < S; s++) {
-                        const int64_t t = start + s;
-                        float *row = wk.qkv + (b * S + s) * width;
-                        if (call->cos) {
-                            const float *cos = call->cos + b * call->rb + s * call->rs;
-                            const float *sin = call->sin + b * call->rb + s * call->rs;
-                            for (int64_t h = g * group; h < (g + 1) * group; h++) rope(row + h * hd, cos, sin, hd, scores + call->T);
-                            rope(row + (H + g) * hd, cos, sin, hd, scores + call->T);
-                        }
-                        memcpy(keys + slot * call->cb + g * call->ch + t * call->ct, row + (H + g) * hd, sizeof(float) * (size_t)hd);
-                        memcpy(values + slot * call->cb + g * call->ch + t * call->ct, row + (H + Hkv + g) * hd,
-                               sizeof(float) * (size_t)hd);
+            for (int64_t task = 0; task < B * Hkv; task++) {
+                const int64_t b = task / Hkv, g = task % Hkv;
+                const int64_t slot = call->rows ? call->rows[b] : b;
+                const int64_t start = call->starts ? call->starts[b] : call->start, T = start + S;
+                for (int64_t s = 0; s < S; s++) {
+                    const int64_t t = start + s;
+                    float *row = wk.qkv + (b * S + s) * width;
+                    if (call->cos.data) {
+                        const float *cos = call->cos.data + b * rb + s * rs;
+                        const float *sin = call->sin.data + b * rb + s * rs;
+                        for (int64_t h = g * group; h < (g + 1) * group; h++) rope(row + h * hd, cos, sin, hd, scores + call->T);
+                        rope(row + (H + g) * hd, cos, sin, hd, scores + call->T);
                     }
-                    const float *kv = keys + slot * call->cb + g * call->ch;
-                    for (int64_t s = 0; s < S; s++)
-                        for (int64_t h = g * group; h < (g + 1) * group; h++)
-                            attention_row(wk.qkv + (b * S + s) * width + h * hd, kv, kv + call->cv, call->ct,
-                                          call->mask ? call->mask + b * call->mb + s * call->ms : NULL, T, hd,
-                                          wk.att + (b * S + s) * H * hd + h * hd, scores, seen);
+                    memcpy(keys + slot * cb + g * ch + t * ct, row + (H + g) * hd, sizeof(float) * (size_t)hd);
+                    memcpy(values + slot * cb + g * ch + t * ct, row + (H + Hkv + g) * hd,
+                           sizeof(float) * (size_t)hd);
                 }
-                MARK(2);
-                INPUT(&l->out, memcpy(in->x + r * H * hd, wk.att + r * H * hd, sizeof(float) * (size_t)(H * hd)));
-                MARK(3);
-                product(&l->out, l, call, which[i], in, &wk, R, NULL, 0, call->x, d);
-                MARK(4);
-                INPUT(&l->up, rms_norm(call->x + r * d, l->norm2, d, c->eps, in->x + r * d));
-                MARK(5);
-                product(&l->up, l, call, which[i], in, &wk, R, wk.up, 2 * c->ffn, NULL, 0);
-                MARK(6);
-                INPUT(&l->down, swiglu(wk.up + r * 2 * c->ffn, wk.up + r * 2 * c->ffn + c->ffn, c->ffn, in->x + r * c->ffn));
-                MARK(7);
-                product(&l->down, l, call, which[i], in, &wk, R, NULL, 0, call->x, d);
-                MARK(8);
+                const float *kr = keys + slot * cb + g * ch, *vr = values + slot * cb + g * ch;
+                for (int64_t s = 0; s < S; s++)
+                    for (int64_t h = g * group; h < (g + 1) * group; h++)
+                        attention_row(wk.qkv + (b * S + s) * width + h * hd, kr, vr, ct, mask ? mask + b * mb + s * ms : NULL,
+                                      T, hd,
+                                      wk.att + (b * S + s) * H * hd + h * hd, scores, seen);
             }
-#undef INPUT
-            if (!ok) failed = 1;
-            free(scores), free(seen);
-            if (own) acts_free(&mine);
+            MARK(2);
+            INPUT(&l->out, memcpy(in->x + r * H * hd, wk.att + r * H * hd, sizeof(float) * (size_t)(H * hd)));
+            MARK(3);
+            product(&l->out, l, call, which[i], in, &wk, R, NULL, 0, x, d);
+            MARK(4);
+            INPUT(&l->up, rms_norm(x + r * d, l->norm2, d, c->eps, in->x + r * d));
+            MARK(5);
+            product(&l->up, l, call, which[i], in, &wk, R, wk.up, 2 * c->ffn, NULL, 0);
+            MARK(6);
+            INPUT(&l->down, swiglu(wk.up + r * 2 * c->ffn, wk.up + r * 2 * c->ffn + c->ffn, c->ffn, in->x + r * c->ffn));
+            MARK(7);
+            product(&l->down, l, call, which[i], in, &wk, R, NULL, 0, x, d);
+            MARK(8);
         }
+#undef INPUT
     }
-    free(wk.qkv), free(wk.att), free(wk.up), free(wk.sum);
-    if (!own) acts_free(&shared);
-    return failed ? -1 : 0;
+    free(allocated);
+    return 0;
 }

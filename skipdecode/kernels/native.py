@@ -2,7 +2,8 @@
 with row-exact sums; layer.c: whole decoder layers in one call; topk.c: the head screen's best tokens), built once per CPU and compiler with the
 host's C compiler into the model cache ($SKIPDECODE_CACHE/kernels) and called through ctypes. A host with no
 compiler, or where the build fails, runs PyTorch's kernels and says why (`Library.reason`, in the weights'
-label)."""
+label). The structs the calls take are kernels.h's, each mirrored here once by a ctypes class of the same name
+(STRUCTS; layout.c reports the compiler's offsets, which a test compares with these)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,51 @@ import torch  # first: its libgomp.so.1 is the one the kernels' OpenMP threads t
 
 from ..models import cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.c", "attention.c", "layer.c", "topk.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.c", "attention.c", "layer.c", "topk.c", "layout.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("kernels.h", "timing.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-SIGNATURES = {"q8_matmul": [_P, _I, _I, _P, _I, _P],
-              "attention": [_P, _I, _I, _I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I],
-              "layers_forward": [_P, _P, _P, _I, _P], "top_k": [_P, _I, _I, _I, _P]}
+DIMS = 4  # kernels.h's DIMS: the dimensions of a Tensor
+
+
+# ---- kernels.h's structs, one class each (names and fields as there) ----------------------------------
+class Tensor(ctypes.Structure):
+    """A tensor argument: float32 data, sizes and strides in elements, outermost first (as PyTorch's); the
+    dimensions past the tensor's have size 1. Tensor() is an absent one (data NULL)."""
+    _fields_ = [("data", _P), ("ne", _I * DIMS), ("nb", _I * DIMS)]
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "Tensor":
+        if t.dtype != torch.float32 or t.dim() > DIMS:
+            raise ValueError(f"a kernel's tensor is float32 of at most {DIMS} dimensions; got {t.dtype} {tuple(t.shape)}")
+        pad = DIMS - t.dim()
+        return cls(t.data_ptr(), (*t.shape, *(1,) * pad), (*t.stride(), *(0,) * pad))
+
+
+class Product(ctypes.Structure):
+    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("a", _P), ("b", _P), ("rank", _I), ("spans", _P)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("norm1", _P), ("norm2", _P), ("qkv", Product), ("out", Product), ("up", Product), ("down", Product)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", ctypes.c_float)]
+
+
+class Call(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("cos", Tensor), ("sin", Tensor), ("mask", Tensor), ("keys", Tensor),
+                ("values", Tensor), ("layer_stride", _I), ("start", _I), ("T", _I), ("rows", _P), ("starts", _P),
+                ("lora", _P), ("work", _P), ("work_size", _I), ("work_need", _I)]
+
+
+STRUCTS = (Tensor, Product, Layer, Config, Call)
+_T = ctypes.POINTER(Tensor)
+SIGNATURES = {"q8_matmul": [_P, _I, _I, _P, _I, _P], "attention": [_T, _T, _T, _T, _T],
+              "layers_forward": [ctypes.POINTER(Layer), ctypes.POINTER(Config), _P, _I, ctypes.POINTER(Call)],
+              "top_k": [_P, _I, _I, _I, _P]}
+SHAPES = -2  # what a call returns when the sizes do not fit its kernel (-1: scratch memory short)
 
 
 def found(env: str, *names: str) -> str | None:
@@ -98,6 +137,9 @@ class Library:
             return
         for name, args in SIGNATURES.items():
             getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_int, args
+        for name in ("layout", "layout_fields"):
+            getattr(lib, name).restype = ctypes.c_int64
+        lib.layout.argtypes, lib.layout_fields.argtypes = [ctypes.c_char_p] * 2, [ctypes.c_char_p]
         lib.q8_isa.restype = ctypes.c_char_p
         self.lib, self.isa = lib, lib.q8_isa().decode()
 
@@ -120,23 +162,27 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     last dimension contiguous) and the additive mask [B, 1, S, T] or None, row by row (attention.c). The
     result is [B, H, S, hd] as a view of a [B, S, H, hd] tensor: the caller's transpose back is free."""
     B, H, S, hd = q.shape
-    Hkv, T = keys.shape[1], keys.shape[2]
     if q.stride(-1) != 1:
         q = q.contiguous()
     if mask is not None:
-        mask = mask.expand(B, 1, S, T)
+        mask = mask.expand(B, 1, S, keys.shape[2])
         if mask.stride(-1) != 1:
             mask = mask.contiguous()
     out = torch.empty(B, S, H, hd).transpose(1, 2)
-    qs, ks, os_ = q.stride(), keys.stride(), out.stride()
     if keys.stride() != values.stride() or keys.stride(-1) != 1:
         raise ValueError("keys and values must share their strides, the last dimension contiguous")
-    ms = (0, 0) if mask is None else (mask.stride(0), mask.stride(2))
-    if (lib or library()).lib.attention(q.data_ptr(), qs[0], qs[1], qs[2], keys.data_ptr(), values.data_ptr(), ks[0], ks[1],
-                               ks[2], 0 if mask is None else mask.data_ptr(), *ms, out.data_ptr(), os_[0], os_[1],
-                               os_[2], B, H, Hkv, S, T, hd):
-        raise MemoryError("the attention kernel could not allocate its scratch rows")
+    done = (lib or library()).lib.attention(Tensor.of(q), Tensor.of(keys), Tensor.of(values),
+                                            Tensor() if mask is None else Tensor.of(mask), Tensor.of(out))
+    if done:
+        raise checked(done, "attention")
     return out
+
+
+def checked(code: int, kernel: str) -> Exception:
+    """The error a kernel's nonzero return stands for."""
+    if code == SHAPES:
+        return ValueError(f"the {kernel} kernel was given sizes or strides it does not take")
+    return MemoryError(f"the {kernel} kernel could not allocate its scratch rows")
 
 
 def top_k(x: torch.Tensor, k: int, lib: ctypes.CDLL) -> torch.Tensor:
@@ -150,11 +196,11 @@ def top_k(x: torch.Tensor, k: int, lib: ctypes.CDLL) -> torch.Tensor:
 
 
 # ---- layer.c: decoder layers in one call ---------------------------------------------------------------
-class _Product(ctypes.Structure):
-    _fields_ = [("w", _P), ("n", _I), ("k", _I), ("a", _P), ("b", _P), ("rank", _I), ("spans", _P)]
-
-
 SPAN = 64  # layer.c's SPAN: the outputs one LoRA span covers
+# The most scratch a Layers keeps between calls (bytes): for the default model, a continuous batch's steps and
+# prefill chunks (slots.PREFILL_CHUNK rows) fit; a call that needs more (a long prompt's prefill) allocates its
+# own for that call and gives it back, as every call did before.
+WORK_KEPT = 4 << 20
 
 
 def lora_spans(b: torch.Tensor) -> torch.Tensor:
@@ -169,51 +215,40 @@ def lora_spans(b: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.minimum(j0, j1), j1], -1).to(torch.int32).contiguous()
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = [("norm1", _P), ("norm2", _P), ("qkv", _Product), ("out", _Product), ("up", _Product),
-                ("down", _Product)]
-
-
-class _Config(ctypes.Structure):
-    _fields_ = [("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", ctypes.c_float)]
-
-
-class _Call(ctypes.Structure):
-    _fields_ = [("x", _P), ("B", _I), ("S", _I), ("cos", _P), ("sin", _P), ("rb", _I), ("rs", _I), ("mask", _P),
-                ("mb", _I), ("ms", _I), ("cache", _P), ("cl", _I), ("cv", _I), ("cb", _I), ("ch", _I), ("ct", _I),
-                ("start", _I), ("T", _I), ("rows", _P), ("starts", _P), ("lora", _P)]
-
-
 class Layers:
     """A llama-family decoder's layers on the int8 kernel, each layer (or a list of them) in one native call
     (layer.c): what `Decoder.block` and `Decoder.run_layers` run when every product is a q8.W4A8Linear. Holds
-    the layers' weights as C structs, built once; the tensors they point into stay referenced here."""
+    the layers' weights as C structs, built once; the tensors they point into stay referenced here. Also the
+    calls' scratch (Call.work): one buffer, grown to what a call needs up to WORK_KEPT and reused, by one call at
+    a time (a call that finds it in use, from another thread, has its own allocated)."""
 
     def __init__(self, dec, lib: ctypes.CDLL):
         self.lib = lib
-        self.config = _Config(dec.embed_tokens.shape[1], dec.num_heads, dec.num_kv_heads, dec.head_dim,
+        self.config = Config(dec.embed_tokens.shape[1], dec.num_heads, dec.num_kv_heads, dec.head_dim,
                               dec.blocks[0].down.in_features, dec.eps)
         self.held = []
-        self.layers = (_Layer * dec.num_layers)(*(self._layer(b) for b in dec.blocks))
+        self.layers = (Layer * dec.num_layers)(*(self._layer(b) for b in dec.blocks))
+        self.work = torch.empty(0, dtype=torch.uint8)
+        self._work_lock = threading.Lock()
 
     def _tensor(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
         self.held.append(t)
         return t.data_ptr()
 
-    def _product(self, lin) -> _Product:
+    def _product(self, lin) -> Product:
         a, b = lin.lora if lin.lora is not None else (None, None)
         spans = None
         if b is not None:
             spans = lora_spans(b.detach().float())
             self.held.append(spans)
-        return _Product(lin.packed.data_ptr(), lin.out_features, lin.in_features,
+        return Product(lin.packed.data_ptr(), lin.out_features, lin.in_features,
                         None if a is None else self._tensor(a), None if b is None else self._tensor(b),
                         0 if a is None else a.shape[1], None if spans is None else spans.data_ptr())
 
-    def _layer(self, block) -> _Layer:
+    def _layer(self, block) -> Layer:
         self.held.append(block)
-        return _Layer(self._tensor(block.norm1[0]), self._tensor(block.norm2[0]), *(
+        return Layer(self._tensor(block.norm1[0]), self._tensor(block.norm2[0]), *(
             self._product(lin) for lin in (block.qkv, block.out, block.up, block.down)))
 
     def forward(self, which: Sequence[int], x: torch.Tensor, rope, mask, keys: torch.Tensor, start,
@@ -229,22 +264,22 @@ class Layers:
         B, S, _ = x.shape
         out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         start = int(start)
-        call = _Call(out.data_ptr(), B, S)
+        call = Call(Tensor.of(out), layer_stride=layer_stride, start=start, T=start + S)
         if rope is not None:
             cos, sin = rope
             if cos.stride(-1) != 1 or sin.stride() != cos.stride():
                 cos, sin = cos.contiguous(), sin.contiguous()
-            call.cos, call.sin, call.rb, call.rs = cos.data_ptr(), sin.data_ptr(), cos.stride(0), cos.stride(1)
+            call.cos, call.sin = Tensor.of(cos), Tensor.of(sin)
         if mask is not None:
             mask = mask.expand(B, 1, S, mask.shape[-1])
             if mask.stride(-1) != 1:
                 mask = mask.contiguous()
-            call.mask, call.mb, call.ms = mask.data_ptr(), mask.stride(0), mask.stride(2)
+            call.mask = Tensor.of(mask)
         if keys.stride(-1) != 1:
             raise ValueError("the cache's last dimension must be contiguous")
-        call.cache, call.cl, call.cv = keys.data_ptr(), layer_stride, values_offset
-        call.cb, call.ch, call.ct = keys.stride(0), keys.stride(1), keys.stride(2)
-        call.start, call.T = start, start + S
+        call.keys, values = Tensor.of(keys), Tensor.of(keys)  # the values: the keys' shape and strides, elsewhere
+        values.data += values_offset * keys.element_size()
+        call.values = values
         if rows is not None:
             if rows.dtype != torch.int64 or starts is None or starts.dtype != torch.int64 or len(rows) != B \
                     or len(starts) != B or int(starts.max()) > start:
@@ -256,7 +291,16 @@ class Layers:
             table = (ctypes.c_void_p * B)(*(ctypes.addressof(layers.layers) for layers in lora))
             call.lora = ctypes.addressof(table)
         which = (ctypes.c_int64 * len(which))(*which)
-        if self.lib.layers_forward(ctypes.addressof(self.layers), ctypes.byref(self.config), which, len(which),
-                                   ctypes.byref(call)):
-            raise MemoryError("the layer kernel could not allocate its scratch rows")
+        mine = self._work_lock.acquire(blocking=False)
+        try:
+            if mine:
+                call.work, call.work_size = self.work.data_ptr(), self.work.numel()
+            done = self.lib.layers_forward(self.layers, ctypes.byref(self.config), which, len(which), ctypes.byref(call))
+            if mine and self.work.numel() < call.work_need <= WORK_KEPT:
+                self.work = torch.empty(call.work_need, dtype=torch.uint8)  # the next call's
+        finally:
+            if mine:
+                self._work_lock.release()
+        if done:
+            raise checked(done, "layer")
         return out
