@@ -116,6 +116,16 @@ def test_the_package_imports_no_module_by_a_name_the_walk_cannot_see():
                 assert not called.endswith(("import_module", "__import__")), f"{name}: {ast.unparse(node)}"
 
 
+def test_every_package_folder_ships_in_the_wheel():
+    """pyproject.toml lists the packages a wheel (the Docker image, a Space's `pip install .`) holds: each folder
+    of the library with an __init__.py, or an install without the editable checkout cannot import it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / PACKAGE).rglob("__init__.py")}
+    assert folders == listed
+
+
 def test_the_library_knows_nothing_of_the_app():
     for name, path in package_modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
