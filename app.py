@@ -13,7 +13,8 @@ import logging
 import os
 
 from app import gpu  # first: on ZeroGPU it imports `spaces`, which must patch torch before CUDA is touched
-from app.layout import CONCURRENCY, CSS, JS, build, theme
+from app.layout import CONCURRENCY, JS, build, theme
+from app.style import CSS
 from app.studio import Limits, Studio
 from skipdecode.batcher import DEFAULT_WINDOW_S, Batcher
 

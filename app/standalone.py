@@ -14,6 +14,7 @@ import html
 from pathlib import Path
 
 from . import replay, teach, verified, views
+from .style import CSS
 
 SCRIPT = """
 const slides = [...document.querySelectorAll('section.sd-slide')], where = document.getElementById('sd-where');
@@ -90,8 +91,6 @@ def _numbers(record: dict, comparison) -> str:
 
 def page(record: dict) -> str:
     """The whole file: the record drawn by the page's views, plotly.js inlined once (the first figure's)."""
-    from .layout import CSS  # the page's own look (layout imports the app's handlers, which import this module)
-
     comparison = replay.comparison(record)
     verified_run = bool(record.get("verified"))
     budget, layer_map, latency = views.compare_figures(comparison)
