@@ -150,6 +150,7 @@ def make_lesson(path: Path = LESSON_FILE) -> dict:
     studio = Studio()
     try:
         settings = Settings(speedup=3.0, max_new_tokens=24)
+        studio.warm_up()  # a fresh process's first calls are slow: time the lesson as a warm page would
         final = list(studio.compare(LESSON_PROMPT, settings, AUTO))[-1]
         engine = studio.engine(final.model)
         studio.lenses(final)
