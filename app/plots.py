@@ -154,11 +154,12 @@ def draft_states(drafts: pd.DataFrame, num_layers: int, warmup: int) -> np.ndarr
 
 
 def _passes(fig, passes: pd.DataFrame, y, row=None, col=None, legend: bool = True) -> None:
-    """Each verify pass as a bar over the output tokens it judged (drafts + 1), at `y(lane)`."""
+    """Each verify pass as a bar over the output tokens it judged (drafts + 1), at `y(lane)`; tokens counted from
+    1, as people count (the frames count from 0: the prefill's token)."""
     for index, p in enumerate(passes.itertuples()):
         hover = (f"verify pass {p.round}: all layers over {p.drafted + 1} positions at once; kept {p.accepted} "
                  f"of {p.drafted} drafts" + (f", {p.ms:.0f} ms with its drafts" if p.ms else "") + "<extra></extra>")
-        fig.add_trace(go.Scatter(x=[p.first - 0.42, p.last + 0.42], y=[y(p.lane)] * 2, mode="lines",
+        fig.add_trace(go.Scatter(x=[p.first + 1 - 0.42, p.last + 1 + 0.42], y=[y(p.lane)] * 2, mode="lines",
                                  line=dict(color=FULL, width=9), name="verify pass: all layers, drafts + 1 positions",
                                  legendgroup="pass", showlegend=legend and index == 0, hovertemplate=hover),
                       row=row, col=col)
@@ -168,7 +169,7 @@ def rounds_map_figure(drafts: pd.DataFrame, passes: pd.DataFrame, num_layers: in
     """Verified decoding's layers x output tokens: the draft's layers at each token (skipped ones as gaps),
     coloured by the verifier's verdict, and above them each round's verify pass over its drafts + 1."""
     grid = draft_states(drafts, num_layers, warmup)
-    tokens = np.arange(grid.shape[1])
+    tokens = np.arange(grid.shape[1]) + 1  # counted from 1, as people count
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.16, 0.84], vertical_spacing=0.03)
     _passes(fig, passes, lambda lane: lane, row=1, col=1)
     _category_heatmap(fig, grid, DRAFT_STATES, tokens, np.arange(num_layers),
@@ -176,7 +177,7 @@ def rounds_map_figure(drafts: pd.DataFrame, passes: pd.DataFrame, num_layers: in
     fig.update_yaxes(visible=False, range=[-0.8, 1.8], row=1, col=1)
     fig.update_yaxes(title="layer (0 = bottom)", showgrid=False, range=[-0.5, num_layers - 0.5], row=2, col=1)
     fig.update_xaxes(showgrid=False)
-    fig.update_xaxes(title="output token (0: chosen by the prefill)", row=2, col=1)
+    fig.update_xaxes(title="output token (1: chosen by the prefill)", row=2, col=1)
     fig = _style(fig, "Rounds: the draft's layers at each token, then one verify pass over them", height=400)
     fig.update_layout(margin=dict(t=96))
     return fig
@@ -188,14 +189,15 @@ def rounds_budget_figure(drafts: pd.DataFrame, passes: pd.DataFrame, scheduled: 
     draft ran, kept or rejected) and the verify passes, each all layers over its drafts + 1 positions."""
     _require(drafts, ["token", "outcome", "budget"], "the drafts")
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=scheduled["step"] + 1, y=scheduled["budget"], name="the draft's budget b(s)",
+    # tokens counted from 1 (1: the prefill's): step s's draft chooses token s + 2
+    fig.add_trace(go.Scatter(x=scheduled["step"] + 2, y=scheduled["budget"], name="the draft's budget b(s)",
                              mode="lines", line=dict(color="#a5b4fc", width=3, shape="hv"),
                              hovertemplate="token %{x}: %{y} layers scheduled for its draft<extra></extra>"))
     _passes(fig, passes, lambda lane: num_layers + 0.9 * lane)
     for outcome, name, colour in (("kept", "draft kept", KEPT_COLOUR), ("rejected", "draft rejected", REJECTED_COLOUR)):
         part = drafts[(drafts["outcome"] == outcome) & (drafts["budget"] > 0)]
         if len(part):
-            fig.add_trace(go.Scatter(x=part["token"], y=part["budget"], name=name, mode="markers",
+            fig.add_trace(go.Scatter(x=part["token"] + 1, y=part["budget"], name=name, mode="markers",
                                      marker=dict(color=colour, size=8, line=dict(color="white", width=1)),
                                      hovertemplate="token %{x}: its draft ran %{y} layers (" + outcome + ")"
                                      "<extra></extra>"))

@@ -163,13 +163,13 @@ def test_verified_rounds_draw_each_drafts_layers_and_each_verify_pass():
     assert (grid[:, 0] == 4).all() and (grid[:, 4] == 4).all()  # the prefill's token, a bonus token: no draft
     layer_map = plots.rounds_map_figure(drafts, passes, L, W)
     bars = [t for t in layer_map.data if t.legendgroup == "pass"]
-    assert len(bars) == 3 and list(bars[1].x) == [5 - 0.42, 7 + 0.42]
+    assert len(bars) == 3 and list(bars[1].x) == [6 - 0.42, 8 + 0.42]  # tokens counted from 1 on the page
     assert "kept 1 of 3 drafts" in bars[1].hovertemplate
     assert np.array_equal(np.array([t for t in layer_map.data if t.type == "heatmap"][0].z), grid)
     budget = plots.rounds_budget_figure(drafts, passes, views.scheduled_frame(SCHEDULE, 7), L)
     by_name = {t.name: t for t in budget.data}
-    assert list(by_name["draft kept"].y) == [4, 3, 2, 2, 2] and list(by_name["draft rejected"].x) == [6]
-    assert list(by_name["the draft's budget b(s)"].x)[0] == 1  # token 1's draft: step 0's budget
+    assert list(by_name["draft kept"].y) == [4, 3, 2, 2, 2] and list(by_name["draft rejected"].x) == [7]
+    assert list(by_name["the draft's budget b(s)"].x)[0] == 2  # token 2's draft (the first): step 0's budget
 
 
 def test_a_round_that_copies_from_the_prompt_then_drafts_draws_each_token_by_its_own_drafter():
