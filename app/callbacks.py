@@ -18,7 +18,7 @@ import gradio as gr
 from skipdecode.evaluation.bench.figure import speed_figure
 from skipdecode.schedule import max_speedup
 
-from . import plots, verified, views
+from . import plots, replay, verified, views
 from .results import NOTES, for_people, load_table
 from .studio import AUTO, Settings, Studio, shown
 
@@ -241,8 +241,9 @@ class Callbacks:
         by hand (`max_budget` and `min_budget`, both set, replace the speedup; `warmup`, `horizon` (0 = max
         new tokens), `decay`, `mode`), `verify` (verified decoding: SkipDecode drafts, the full side's model
         verifies; the answer is full decoding's, and `verification` gives the acceptance rate, drafted and
-        accepted counts, verify passes and each token's mark). Returns both outputs, both traces (steps with
-        budget, layers and ms) and the quality scores; bad input is an error whose message says what to change."""
+        accepted counts, verify passes and each token's mark). Returns the run's record, the JSON Export
+        writes (app/replay.py, its schema app/record.py): both outputs, both traces (steps with budget, layers
+        and ms), the quality scores and the divergence; bad input is an error whose message says what to change."""
         with user_errors():
             manual = bool(max_budget or min_budget)
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
@@ -250,7 +251,8 @@ class Callbacks:
             final = None
             for final in self.studio.compare(prompt, settings, model or self.studio.labels[0]):
                 pass
-            return final.to_dict()
+            engine = self.studio.engine(final.model)  # the answer is the run's record, as Export writes it
+            return replay.record(final, engine.tokenizer, device=engine.decoder.device)
 
     @staticmethod
     def paper_settings(comparison):

@@ -1,10 +1,10 @@
-"""A comparison as a self-contained record, for a class: export it as JSON, and replay it on the page
-without running a model (a cold Space, a spent GPU quota, a projector without network).
+"""The one record of a finished comparison, written from what ran: the API's answer, the exported JSON, what
+Present and the teaching views (app/teach.py) draw, and what a replayed page is drawn from again without a
+model (a cold Space, a spent GPU quota, a projector without network); app/record.py is its schema.
 
-The record is the API's answer (`Comparison.to_dict`) plus what the page needs to draw it again without a
-tokenizer or a model: each token's text, the prompt's ids, full depth's alternatives at each position,
-the logit lens once computed, the settings, the seed and the hardware. The teaching views
-(app/teach.py) read only the record, so a replayed page is drawn by the same code from the same data.
+Beside both answers, their traces, the scores and the divergence, it holds what the page needs to draw the
+run again without a tokenizer or a model: each token's text, the prompt's ids, full depth's alternatives at
+each position, the logit lens once computed, the settings that ran, the seed and the hardware.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from skipdecode.schedule import Schedule
 from skipdecode.trace import StepRecord, Trace
 
 from .record import FORMAT, load
-from .studio import Comparison, Settings
+from .studio import TIMING_NOTE, Comparison, Settings
 from .views import TokenText, token_layers
 
 # The comparison docs/teaching.md walks through, exported from the page and shipped: the lesson's figures come
@@ -51,17 +51,18 @@ def hardware(device: torch.device, dtype: str) -> dict:
 
 def record(comparison: Comparison, tokenizer, settings: Settings | None = None, device=None) -> dict:
     """The finished comparison as a JSON-safe dict (see the module's docstring)."""
-    if not comparison.done or comparison.divergence is None:
+    c = comparison
+    if not c.done or c.divergence is None:
         raise ValueError("run a comparison first")
-    L = comparison.num_layers
-    out = comparison.to_dict()
-    out["format"], out["max_new_tokens"], out["cost"] = FORMAT, comparison.max_new_tokens, list(comparison.cost)
-    pieces = comparison.pieces or [TokenText(tokenizer).pieces(u.token_ids) for u in (comparison.skip, comparison.full)]
-    for name, update, text in (("skipdecode", comparison.skip, pieces[0]), ("full", comparison.full, pieces[1])):
-        out[name]["prompt_ids"] = update.prompt_ids
-        out[name]["pieces"] = text
-        out[name]["layers"] = token_layers(update, L)
-    out["divergence"]["top"] = [[list(pair) for pair in top] for top in comparison.divergence.top]
+    pieces = c.pieces or [TokenText(tokenizer).pieces(u.token_ids) for u in (c.skip, c.full)]
+    out = {"format": FORMAT, "prompt": c.prompt, "model": c.model, "full_model": c.full_model,
+           "why": {"skipdecode": c.why[0], "full": c.why[1]}, "dtype": {"skipdecode": c.dtypes[0], "full": c.dtypes[1]},
+           "num_layers": c.num_layers, "decoding": c.decoding, "schedule": c.schedule.to_dict(),
+           "max_new_tokens": c.max_new_tokens, "cost": list(c.cost),
+           "skipdecode": _side(c.skip, pieces[0], c.num_layers), "full": _side(c.full, pieces[1], c.num_layers),
+           "speedup": c.speedups(), "quality": c.quality, "references": c.references,
+           "divergence": {**c.divergence.to_dict(), "top": [[list(pair) for pair in top] for top in c.divergence.top]},
+           "timing": TIMING_NOTE, "verified": c.verified, "verification": c.skip.verification}
     out["divergence_ms"] = round(comparison.divergence_ms, 3)
     settings = settings if settings is not None else comparison.settings  # what ran (Studio.compare keeps it)
     out["settings"] = asdict(settings) if settings is not None else None
@@ -74,6 +75,13 @@ def record(comparison: Comparison, tokenizer, settings: Settings | None = None, 
     if comparison.lenses is not None:
         add_lenses(out, comparison.lenses, tokenizer)
     return out
+
+
+def _side(update: Update, pieces: list[str], num_layers: int) -> dict:
+    """One side as it ran: its answer (text, ids, each token's text and layers), its batch and its trace."""
+    return {"text": update.text, "token_ids": update.token_ids, "finished": update.finished,
+            "batch": update.batch.to_dict(), "trace": update.trace.to_dict(), "prompt_ids": update.prompt_ids,
+            "pieces": pieces, "layers": token_layers(update, num_layers)}
 
 
 def add_lenses(out: dict, lenses: dict[str, list[Lens]], tokenizer) -> dict:
@@ -109,6 +117,8 @@ def comparison(record: dict) -> Comparison:
                                 [[tuple(pair) for pair in top] for top in found["top"]])
     out.divergence_ms = record.get("divergence_ms", 0.0)
     out.verified, out.skip.verification = bool(record.get("verified")), record.get("verification")
+    out.pieces = (record["skipdecode"]["pieces"], record["full"]["pieces"])
+    out.settings = Settings(**record["settings"]) if record.get("settings") else None
     if record.get("lens"):
         out.lenses = {name: [Lens.from_dict(v) for v in views] for name, views in record["lens"].items()}
     return out

@@ -294,22 +294,6 @@ class Comparison:
         figures = timing.of(self)
         return figures.decode if figures is not None else None
 
-    def to_dict(self) -> dict:
-        def side(update: Update | None) -> dict | None:
-            if update is None:
-                return None
-            return {"text": update.text, "token_ids": update.token_ids, "finished": update.finished,
-                    "batch": update.batch.to_dict(), "trace": update.trace.to_dict()}
-
-        return {"prompt": self.prompt, "model": self.model, "full_model": self.full_model,
-                "why": {"skipdecode": self.why[0], "full": self.why[1]},
-                "dtype": {"skipdecode": self.dtypes[0], "full": self.dtypes[1]},
-                "num_layers": self.num_layers, "decoding": self.decoding,
-                "schedule": self.schedule.to_dict(), "skipdecode": side(self.skip), "full": side(self.full),
-                "speedup": self.speedups(), "quality": self.quality, "references": self.references,
-                "divergence": self.divergence.to_dict() if self.divergence else None, "timing": TIMING_NOTE,
-                "verified": self.verified, "verification": self.skip.verification if self.skip else None}
-
 
 @dataclass
 class BatchRun:
