@@ -699,13 +699,11 @@ def _trim_heap() -> None:
 
 
 def weights_per_token(engine: Engine) -> tuple[int, int]:
-    """(weights of one decoder layer, weights of the LM head): the cost model of one decoding step.
-    A step reads every weight of each layer it runs and all of the LM head, whatever the budget."""
-    model = engine.model
-    head = model.get_output_embeddings().weight.numel()
-    stacks = [m for m in model.modules() if type(m).__name__ == "ModuleList" and len(m) == engine.num_layers]
-    if not stacks:
-        return 1, 0
-    layer = sum(p.numel() for p in stacks[0][0].parameters())
-    return layer, head
+    """(bytes of one decoder layer, bytes of the LM head), as the decoder holds them: the cost model of one
+    decoding step, the bench's own (skipdecode/evaluation/bench/cost.py, `Reads`). A step reads every weight
+    of each layer it runs and all of the LM head, whatever the budget."""
+    from skipdecode.evaluation.bench.cost import Reads
+
+    reads = Reads.of(engine.decoder)
+    return reads.layer, reads.head
 
