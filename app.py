@@ -15,7 +15,8 @@ import os
 from app import gpu  # first: on ZeroGPU it imports `spaces`, which must patch torch before CUDA is touched
 from app.layout import CONCURRENCY, JS, build, theme
 from app.style import CSS
-from app.studio import Limits, Studio
+from app.settings import Limits
+from app.studio import Studio
 from skipdecode.batcher import DEFAULT_WINDOW_S, Batcher
 
 QUEUE_SIZE = 64  # requests waiting beyond the running ones; more are told "busy, try again"

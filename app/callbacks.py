@@ -20,8 +20,9 @@ from skipdecode.schedule import max_speedup
 
 from . import plots, replay, verified, views
 from .results import NOTES, for_people, load_table
-from .studio import AUTO, Settings, Studio, shown
-
+from .choices import AUTO
+from .settings import Settings, shown
+from .studio import Studio
 # While a comparison streams, its text updates at most every TEXT_EVERY_S and its plots are drawn when it
 # ends. Each update is HTML the server builds and a browser on the same machine renders while the batcher
 # times the decode steps; redrawing the three plots as tokens came in made the page's measured speedup read

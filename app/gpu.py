@@ -117,8 +117,8 @@ def preload(studio) -> None:
     """Load every configured model now, in this (main) thread, without decoding anything: on ZeroGPU this
     is where their weights are registered for the GPU workers, which fork with them. A model that fails
     is logged and left out, as on a CPU: the studio answers its requests with the same error."""
-    from .studio import AUTO, log
-
+    from .choices import AUTO
+    from .studio import log
     for choice in studio.models:
         if choice.label != AUTO:
             try:

@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
-from .studio import AUTO, Settings, clean_prompt
+from .choices import AUTO
+
+from .settings import Settings, clean_prompt
 from .verified import FASTER, VERIFIED
 
 MAX_QUERY = 8_000  # a longer address is refused by some servers and proxies: a longer prompt stays out of a link

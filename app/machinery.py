@@ -13,9 +13,7 @@ import html
 
 from skipdecode.slots import serves
 
-from .studio import public_name
-
-
+from .choices import public_name
 def _products(engine) -> tuple[str, str | None]:
     """(how the 4-bit products run, a warning when the fast kernel was wanted and is not running)."""
     weights = getattr(engine.decoder, "weights", None)

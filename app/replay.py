@@ -25,7 +25,8 @@ from skipdecode.schedule import Schedule
 from skipdecode.trace import StepRecord, Trace
 
 from .record import FORMAT, load
-from .studio import TIMING_NOTE, Comparison, Settings
+from .comparison import Comparison, TIMING_NOTE
+from .settings import Settings
 from .views import TokenText, token_layers
 
 # The comparison docs/teaching.md walks through, exported from the page and shipped: the lesson's figures come
@@ -155,8 +156,8 @@ LESSON_PROMPT = ("Write one sentence describing this restaurant, using every fac
 def make_lesson(path: Path = LESSON_FILE) -> dict:
     """The lesson's comparison, as the page exports it: the E2E record above, "auto" at 3x, 24 new tokens,
     greedy, on the precision a visitor's CPU gets, the layer view of every position included."""
-    from .studio import AUTO, Studio
-
+    from .choices import AUTO
+    from .studio import Studio
     studio = Studio()
     try:
         settings = Settings(speedup=3.0, max_new_tokens=24)

@@ -1,9 +1,11 @@
-"""The studio's runtime, without any UI: the configured models, one batcher, and what a click runs.
+"""The studio's runtime, without any UI: what a click runs, over the configured models (app/choices.py), one
+batcher and the engines it keeps loaded (at most a few, least recently used first out).
 
-A comparison submits SkipDecode and full decoding of the same prompt to the batcher as one group: they
-start in the same round and run interleaved, one position of each in turn, in one thread. Each decode
-step is timed on its own, so both runs see the same machine load and neither waits for the other to
-finish; other users' requests with the same settings join the same batches.
+A request's text and settings are checked at the edge (app/settings.py) before any model loads, then its
+prompt is checked and encoded once (skipdecode/request.py). A comparison (app/comparison.py) submits
+SkipDecode and full decoding of the same request to the batcher as one group: they start in the same round
+and share decode steps with each other and with other visitors' rows, each step timed on its own, so both
+sides see the same machine load and neither waits for the other to finish.
 """
 
 from __future__ import annotations
@@ -11,305 +13,33 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
-import math
-import os
 import threading
 import time
-import unicodedata
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Iterator
 
 import pandas as pd
 
 from skipdecode import lens
-from skipdecode.adapters.lora import (adapters_dir, pick_adapter, read_adapter, run_speedup, same_base,
-                                      shared_cache_draft, shared_speedup, trained_speedups)
+from skipdecode.adapters.lora import (pick_adapter, run_speedup, same_base, shared_cache_draft, shared_speedup,
+                                      trained_speedups)
 from skipdecode.adapters.router import E2E, route
-from skipdecode.batcher import Batcher, Job, Update, follow
+from skipdecode.batcher import Batcher, Job, follow
 from skipdecode.beam import Beam
 from skipdecode.engine import Engine, shares_base
 from skipdecode.evaluation import quality
-from skipdecode.models import DEFAULT_MODEL
 from skipdecode.request import Request, check
 from skipdecode.sampling import Sampling
-from skipdecode.schedule import DECAYS, DEFAULT_WARMUP, MODES, SPREAD, Schedule, for_speedup
+from skipdecode.schedule import Schedule
 from skipdecode.speculative.verify import Verified
 
-from . import timing
+from .choices import AUTO, ModelChoice, configured_models, readable_adapters
+from .comparison import BatchRun, Comparison
 from .examples import references_for
+from .settings import Limits, Settings, _number, _whole, clean_prompt, decoding_name, shown
 
-TIMING_NOTE = ("SkipDecode and full decoding ran interleaved in one thread of this process: one position of "
-               "each in turn, each step timed on its own, so both saw the same machine load.")
-
-
-AUTO = "auto: the adapter for the prompt and the speedup"
 log = logging.getLogger("skipdecode.app")
-MODEL_ENV = "SKIPDECODE_MODEL"  # the host's choice of base model (a name, folder or hub id), fixed at start
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """A model the app offers: fixed at start, never a path or hub id typed by a web user."""
-
-    label: str
-    model: str | None = None  # Engine.load name (None: the bundled default)
-    adapter: str | None = None  # a fine-tuned adapter's name (None: base weights)
-    horizon: int | None = None  # the horizon the adapter was trained with: the default for decoding with it
-    spread: float = SPREAD  # its max budget / average budget (1 = constant): the speedup's shape it learned
-    speedups: tuple[float, ...] = ()  # the speedups it was trained for: "auto" runs it at the nearest
-    task: str | None = None  # what its adapter was trained on ("e2e", "general")
-
-
-def base_model() -> str:
-    """The model the host chose at start ($SKIPDECODE_MODEL), else the default: the 4-bit GGUF every figure
-    was measured on, from its wheel or, on a Space without the wheel, from the Hub at a pinned revision
-    (skipdecode.models.default_gguf). The Hub's full-precision SmolLM2 runs only when a host names it."""
-    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
-
-
-def public_name(model: str) -> str:
-    """A model's name as the page shows it: a local folder by its last part, never its full path."""
-    return Path(model).name if os.path.isabs(model) or Path(model).exists() else model
-
-
-def readable_adapters() -> list:
-    """The adapters in the adapters folder; one that cannot be read (half written, edited by hand) is
-    left out with a warning in the log rather than keeping the app from starting."""
-    folder, found = adapters_dir(), []
-    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if (path / "skipdecode.json").exists():
-            try:
-                found.append(read_adapter(path))
-            except (ValueError, KeyError, TypeError, OSError) as error:
-                log.warning("adapter folder %s left out of the model list: %s", path.name, error)
-    return found
-
-
-def configured_models(model: str | None = None) -> list[ModelChoice]:
-    """The base model and the adapters `skipdecode train` left in assets/adapters for it; with any
-    adapter, first an "auto" entry that picks the adapter made for the requested speedup. Adapters made
-    for another model are left out: a web user can never ask for them."""
-    model = model or base_model()
-    adapters = [a for a in readable_adapters() if same_base(a.base_model, model) and not a.shared_cache]
-    choices = [ModelChoice(f"{a.name} (fine-tuned for {', '.join(f'{s:g}x' for s in a.speedups)})", model,
-                           a.name, a.config.get("horizon"), a.spread, a.speedups, a.task) for a in adapters]
-    base = ModelChoice(f"{public_name(model)} (base)", model)
-    return [ModelChoice(AUTO), base, *choices] if choices else [base]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one web request may ask for; the API and the UI share them. The character limit is checked
-    before tokenizing, so a huge paste costs nothing; the horizon shares the token limit, since a
-    schedule tabulates its budgets up to the horizon."""
-
-    max_new_tokens: int = 512
-    max_prompt_tokens: int = 1024
-    max_prompt_chars: int = 16_384
-    max_batch_prompts: int = 8
-    max_temperature: float = 2.0
-    max_beams: int = 8  # a search takes one row per beam, of each side's batch
-    time_limit_s: float = 300.0
-    # Models held in memory at once, the base model included (about 1.1 GB each in float32 for the
-    # default model: the weights and their packed copy). "auto" needs two beside the base: the adapter for
-    # the speedup and the 1x one it is compared with. Others are loaded again when asked for.
-    max_models: int = 3
-
-    def __post_init__(self):
-        if self.max_models < 3:
-            raise ValueError(f"max_models must be at least 3 (the base model and the two that auto compares); "
-                             f"got {self.max_models}")
-
-
-@dataclass
-class Settings:
-    """The controls of the Compare tab. `horizon` 0 means "the max new tokens"."""
-
-    speedup: float = 3.0
-    max_new_tokens: int = 48
-    manual_budgets: bool = False
-    max_budget: int = 20
-    min_budget: int = 6
-    warmup: int = DEFAULT_WARMUP
-    horizon: int = 0
-    decay: str = "linear"
-    mode: str = "skip"
-    sampling: bool = False
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 0
-    seed: int = 0
-    beams: int = 0  # beam search of this width; 0: none
-    verify: bool = False  # verified decoding: SkipDecode drafts, the full side's model verifies (skipdecode/speculative/verify.py)
-
-    def schedule(self, num_layers: int, default_horizon: int | None = None, limits: Limits = Limits(),
-                 spread: float = SPREAD) -> Schedule:
-        """The SkipDecode schedule these settings describe; ValueError says which setting is wrong.
-        Horizon 0 means `default_horizon` (an adapter's training horizon), else the max new tokens; a
-        speedup takes the shape (`spread`) the adapter was trained with."""
-        horizon = (_whole("horizon", self.horizon) or default_horizon
-                   or _whole("max new tokens", self.max_new_tokens))
-        if horizon > limits.max_new_tokens:
-            raise ValueError(f"horizon must be between 0 (= max new tokens) and {limits.max_new_tokens}; "
-                             f"got {horizon}")
-        warmup = _whole("warm-up layers", self.warmup)
-        if self.decay not in DECAYS:
-            raise ValueError(f"decay must be one of {', '.join(DECAYS)}; got {shown(self.decay)}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
-        if self.manual_budgets:
-            return Schedule(num_layers, _whole("max budget", self.max_budget), _whole("min budget", self.min_budget),
-                            warmup, horizon, self.decay, self.mode)
-        return for_speedup(_number("speedup", self.speedup), num_layers, horizon, warmup, self.decay, self.mode,
-                           spread)
-
-    def sampler(self, limits: Limits = Limits()) -> Sampling:
-        """Greedy, or sampling with settings checked against the app's ranges (the library's own checks
-        then cover top-k and the seed)."""
-        if not self.sampling:
-            return Sampling()
-        temperature, top_p = _number("temperature", self.temperature), _number("top-p", self.top_p)
-        if not 0 < temperature <= limits.max_temperature:
-            raise ValueError(f"temperature must be in (0, {limits.max_temperature:g}] for sampling; "
-                             f"got {temperature:g}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1]; got {top_p:g}")
-        return Sampling(temperature, _whole("top-k", self.top_k), top_p, _whole("seed", self.seed))
-
-    def search(self, limits: Limits = Limits()) -> Beam | None:
-        """Beam search of `beams` beams (within the app's limit), or None for one token at a time."""
-        beams = _whole("beams", self.beams)
-        if beams == 0:
-            return None
-        if self.sampling:
-            raise ValueError("beam search looks for the likeliest output: choose it or sampling, not both")
-        if not 2 <= beams <= limits.max_beams:
-            raise ValueError(f"beams must be between 2 and {limits.max_beams} for beam search; got {beams}")
-        return Beam(beams)
-
-
-def decoding_name(sampling: Sampling, beam: Beam | None) -> str:
-    if beam is not None:
-        return f"beam search, {beam.width} beams (each side shows its best)"
-    if sampling.greedy:
-        return "greedy"
-    return (f"sampling (temperature {sampling.temperature:g}, top-p {sampling.top_p:g}, top-k {sampling.top_k}, "
-            f"seed {sampling.seed})")
-
-
-def shown(value, limit: int = 60) -> str:
-    """A value a web user sent, quoted for an error message and cut short: never echo a megabyte back."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _number(name: str, value) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a number; got {shown(value)}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number; got {value!r}")
-    return value
-
-
-def _whole(name: str, value) -> int:
-    value = _number(name, value)
-    if value != int(value):
-        raise ValueError(f"{name} must be a whole number; got {value:g}")
-    return int(value)
-
-
-def clean_prompt(prompt, max_chars: int = Limits.max_prompt_chars) -> str:
-    """The prompt as the model will see it, or a ValueError a person can act on. Length is checked
-    first, so nothing else (not even the tokenizer) ever sees an oversized prompt."""
-    if not isinstance(prompt, str):
-        raise ValueError("the prompt must be text")
-    if len(prompt) > max_chars:
-        raise ValueError(f"the prompt is {len(prompt):,} characters long; this app takes at most {max_chars:,}")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: what invalid UTF-8 becomes on the way in
-        raise ValueError("the prompt is not valid UTF-8 text") from None
-    bad = sorted({c for c in prompt if unicodedata.category(c) == "Cc" and c not in "\n\t\r"})
-    if bad:
-        names = ", ".join(f"U+{ord(c):04X}" for c in bad[:5])
-        raise ValueError(f"the prompt contains control characters ({names}); remove them and try again")
-    prompt = prompt.strip()
-    if not prompt:
-        raise ValueError("enter a prompt first")
-    return prompt
-
-
-@dataclass
-class Comparison:
-    """SkipDecode and full decoding of one prompt, as far as they have got."""
-
-    prompt: str
-    model: str  # the model SkipDecode ran
-    full_model: str  # the model full decoding ran: `model`, or for "auto" the fine-tuned 1x one
-    num_layers: int
-    schedule: Schedule
-    max_new_tokens: int
-    skip: Update | None = None
-    full: Update | None = None
-    references: tuple[str, ...] | None = None
-    quality: dict | None = None
-    cost: tuple[int, int] = (1, 0)  # weights per layer, weights of the LM head
-    why: tuple[str, str] = ("chosen", "chosen")  # why each side runs its model ("auto" says which and why)
-    dtypes: tuple[str, str] = ("float32", "float32")  # each side's precision
-    decoding: str = "greedy"  # how both sides chose their tokens (`decoding_name`)
-    divergence: lens.Divergence | None = None  # full depth's choice at each SkipDecode position (same prefix)
-    divergence_ms: float = 0.0  # what computing it took
-    lenses: dict | None = None  # "skipdecode" / "full" -> [lens.Lens per position], made when first asked
-    settings: Settings | None = None  # what the request asked, as it ran (an export records these, never the widgets)
-    verified: bool = False  # the SkipDecode side drafted and the full side's model verified: full decoding's output
-    stopped: bool = False  # Stop ended both sides early: what they had written is the comparison
-    pieces: tuple[list[str], list[str]] | None = None  # each side's text per token, as the page decoded it once
-
-    @property
-    def done(self) -> bool:
-        """No more tokens are coming: both sides finished, or Stop ended them."""
-        return self.stopped or bool(self.skip and self.skip.done and self.full and self.full.done)
-
-    def speedups(self) -> dict[str, float | None]:
-        """Decode speedups: `layers` (full depth / average budget), `weights` (weights read per step, the LM
-        head included, which every step reads whatever its budget) and `measured` (full ms / SkipDecode ms
-        per decoded token over the tokens both runs reached: app/timing.py's figure, the page's own)."""
-        out = {"layers": None, "weights": None, "measured": None}
-        if not (self.skip and self.skip.trace.steps):
-            return out
-        if self.verified:  # every kept token is verified at full depth: only the measured ratio applies
-            return {**out, "measured": self._measured()}
-        average = self.skip.trace.average_layers
-        layer, head = self.cost
-        out["layers"] = round(self.num_layers / average, 3)
-        out["weights"] = round((self.num_layers * layer + head) / (average * layer + head), 3)
-        out["measured"] = self._measured()
-        return out
-
-    def _measured(self) -> float | None:
-        figures = timing.of(self)
-        return figures.decode if figures is not None else None
-
-
-@dataclass
-class BatchRun:
-    """Several prompts decoded as one SkipDecode batch (and one full-decoding batch beside it)."""
-
-    prompts: list[str]
-    schedule: Schedule
-    num_layers: int
-    models: tuple[str, str] = ("", "")  # the labels of the models the two sides ran
-    why: tuple[str, str] = ("chosen", "chosen")  # why "auto" picked each ("chosen": named by the user)
-    skip: list[Update | None] = field(default_factory=list)
-    full: list[Update | None] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return all(u is not None and u.done for u in self.skip + self.full)
 
 
 class Studio:

@@ -15,8 +15,7 @@ from skipdecode.schedule import SPREAD, Schedule, for_speedup
 
 from . import plots, rounds, timing
 from .results import BROKEN
-from .studio import TIMING_NOTE, BatchRun, Comparison
-
+from .comparison import BatchRun, Comparison, TIMING_NOTE
 EMPTY_OUTPUT = '<div class="sd-output sd-empty">The output appears here, token by token.</div>'
 
 

@@ -35,8 +35,9 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("SKIPDECODE_BATCH_WINDOW_S", "0")
     from app.replay import hardware
-    from app.studio import AUTO, Settings, Studio
-
+    from app.choices import AUTO
+    from app.settings import Settings
+    from app.studio import Studio
     studio = Studio()
     studio.warm_up()
     model = AUTO if AUTO in studio.labels else studio.labels[0]

@@ -72,8 +72,7 @@ def chat_prompts(count: int) -> list[str]:
 
 def base_label() -> str:
     """The served base model by its label (requests name it, so "auto" and any adapter never apply)."""
-    from app.studio import base_model, public_name
-
+    from app.choices import base_model, public_name
     return f"{public_name(base_model())} (base)"
 
 
@@ -240,8 +239,7 @@ def classroom(args) -> dict:
     """A class: `visitors` people, arriving evenly over `spread` seconds, each pressing Run once on a prompt of
     their own (a comparison, the page's default model choice), after `solo` visitors one at a time. Each
     batching mode against a fresh app; every answer checked against its prompt decoded alone."""
-    from app.studio import AUTO
-
+    from app.choices import AUTO
     texts = chat_prompts(args.visitors + args.solo)
     settings = dict(speedup=args.speedup, max_new_tokens=args.class_tokens, model=AUTO)
     runs = {}
@@ -342,7 +340,7 @@ def llama_server_class(args, texts: list[str]) -> dict:
 def check_models(outcomes: list[Outcome], max_new_tokens: int) -> list[str]:
     """Each answer against the engine of the model the server says it ran (the adapter for "auto"),
     decoding the prompt alone: one model loaded at a time, so the check's own memory stays small."""
-    from app.studio import configured_models
+    from app.choices import configured_models
     from skipdecode.engine import Engine
     from skipdecode.schedule import Schedule
 
@@ -379,8 +377,7 @@ def models(args) -> dict:
         from gradio_client import Client
 
         client = Client(server.url, verbose=False)
-        from app.studio import configured_models
-
+        from app.choices import configured_models
         choices = [m.label for m in configured_models()]
         pick = random.Random(0)
         plan = [(label, 3.0) for _ in range(2) for label in choices]

@@ -162,7 +162,11 @@ def test_listens_on_all_interfaces_only_on_spaces_or_when_told(monkeypatch):
 def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_speedup(tmp_path, monkeypatch):
     import json
 
-    from app.studio import AUTO, Settings, Studio, configured_models
+    from app.choices import AUTO, configured_models
+
+    from app.settings import Settings
+
+    from app.studio import Studio
     from skipdecode.batcher import Batcher
 
     ours = "SmolLM2-135M-Instruct"
@@ -203,7 +207,9 @@ def test_auto_compares_the_speedups_adapter_with_the_fine_tuned_full_depth_basel
     shared base), not the tests' float32 (tests/conftest.py): the studio loads six models here."""
     from app import views
     from app.callbacks import Callbacks
-    from app.studio import AUTO, Settings, Studio, configured_models
+    from app.choices import AUTO, configured_models
+    from app.settings import Settings
+    from app.studio import Studio
     from skipdecode.adapters.lora import adapter_for, run_speedup
     from skipdecode.batcher import Batcher
     from skipdecode.engine import Engine

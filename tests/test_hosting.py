@@ -159,7 +159,7 @@ def run_app(monkeypatch) -> dict:
 
 
 def test_the_app_on_a_cpu_warms_up_as_before(fake_spaces, monkeypatch):
-    from app.studio import Limits
+    from app.settings import Limits
     from skipdecode.batcher import Batcher
 
     seen = run_app(monkeypatch)
@@ -193,8 +193,7 @@ def test_the_app_on_zero_gpu_loads_the_models_and_decodes_nothing_in_the_server(
 
 
 def test_preload_loads_every_configured_model_but_auto(caplog):
-    from app.studio import AUTO, ModelChoice
-
+    from app.choices import AUTO, ModelChoice
     loaded = []
 
     def engine(choice):

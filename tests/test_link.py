@@ -5,7 +5,8 @@ import gradio as gr
 import pytest
 
 from app import link
-from app.studio import AUTO, ModelChoice, Settings
+from app.choices import AUTO, ModelChoice
+from app.settings import Settings
 from app.verified import FAMILIES, FASTER, VERIFIED
 from test_teach import comparison, record  # noqa: F401 (fixtures)
 

@@ -133,7 +133,7 @@ def test_the_library_refuses_bad_prompts_with_a_value_error(engine):
 
 
 def test_the_app_refuses_a_schedule_too_long_to_tabulate_before_building_it(monkeypatch):
-    from app.studio import Settings
+    from app.settings import Settings
     from skipdecode.schedule import Schedule
 
     def built(*args, **kwargs):
@@ -148,8 +148,8 @@ def test_the_app_refuses_a_schedule_too_long_to_tabulate_before_building_it(monk
 @pytest.fixture(scope="module")
 def callbacks(engine):
     from app.callbacks import Callbacks
-    from app.studio import ModelChoice, Studio, weights_per_token
-
+    from app.choices import ModelChoice
+    from app.studio import Studio, weights_per_token
     studio = Studio([ModelChoice(f"{BASE} (base)", BASE)], batcher=Batcher(window_s=0.0))
     label = studio.base.label  # the session's engine, instead of loading the same model again
     studio._engines[label], studio._costs[label] = engine, weights_per_token(engine)
@@ -211,8 +211,8 @@ def test_error_messages_are_cut_escaped_and_free_of_paths(callbacks):
 
 
 def test_an_unreadable_adapter_folder_is_left_out_and_never_breaks_auto(tmp_path, monkeypatch, caplog):
-    from app.studio import AUTO, Studio, configured_models
-
+    from app.choices import AUTO, configured_models
+    from app.studio import Studio
     for name, meta in (("good", {"base_model": BASE, "speedups": [3]}), ("half-written", '{"base_model": "Smo'),
                        ("no-speedups", {"base_model": BASE})):
         (tmp_path / name).mkdir()

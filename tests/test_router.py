@@ -130,8 +130,8 @@ def test_a_general_prompt_gets_a_general_adapter_for_its_speedup(folder):
 def test_the_page_starts_at_the_highest_speedup_both_kinds_of_prompt_have_an_adapter_for(folder):
     """A visitor's first prompt, a question or a restaurant record, runs an adapter made for the speedup
     the page shows; with no speedup shared, the page starts at 3x."""
-    from app.studio import Studio, configured_models
-
+    from app.choices import configured_models
+    from app.studio import Studio
     def start():
         return Studio(configured_models(), batcher=object()).default_speedup  # nothing decodes here
 

@@ -61,7 +61,8 @@ def test_the_draft_drafts_for_its_verifier_and_never_decodes_alone(folder):
 
 
 def test_the_app_lists_no_draft_and_drafts_with_it_on_its_schedule(folder):
-    from app.studio import Studio, configured_models
+    from app.choices import configured_models
+    from app.studio import Studio
     from skipdecode.adapters.lora import trained_schedule
 
     base, _ = folder
@@ -78,7 +79,9 @@ def test_the_app_lists_no_draft_and_drafts_with_it_on_its_schedule(folder):
 
 
 def test_a_verified_comparison_drafts_with_it_and_says_so(folder):
-    from app.studio import AUTO, Settings, Studio, configured_models
+    from app.choices import AUTO, configured_models
+    from app.settings import Settings
+    from app.studio import Studio
     from skipdecode.batcher import Batcher
     from skipdecode.adapters.router import INSTRUCTION
 

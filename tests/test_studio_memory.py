@@ -5,7 +5,9 @@ scripts/loadtest.py `models` measures the real server's memory."""
 import pytest
 
 import app.studio as studio_module
-from app.studio import AUTO, Limits, ModelChoice, Studio
+from app.choices import AUTO, ModelChoice
+from app.settings import Limits
+from app.studio import Studio
 from skipdecode.batcher import Batcher
 
 

@@ -9,7 +9,9 @@ import pytest
 import app.studio as studio_module
 import skipdecode.engine as engine_module
 import skipdecode.adapters.router as router_module
-from app.studio import AUTO, Settings, Studio, configured_models
+from app.choices import AUTO, configured_models
+from app.settings import Settings
+from app.studio import Studio
 from conftest import tiny_adapter, tiny_checkpoint
 from skipdecode.batcher import Batcher
 from skipdecode.prompts import encode_prompt
@@ -131,7 +133,7 @@ def test_the_page_says_how_many_other_visitors_rows_shared_a_comparisons_steps()
     """A continuous batch's steps carry its tick: the details and the headline say how many rows beyond the
     comparison's own two shared them; batches of one position keep saying how they were batched."""
     from app import views
-    from app.studio import Comparison
+    from app.comparison import Comparison
     from skipdecode.batcher import BatchInfo, Update
     from skipdecode.schedule import Schedule
     from skipdecode.trace import StepRecord, Trace

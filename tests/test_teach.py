@@ -9,7 +9,8 @@ import gradio as gr
 import pytest
 
 from app import replay, teach
-from app.studio import Comparison, Settings
+from app.comparison import Comparison
+from app.settings import Settings
 from conftest import IdTokenizer, tiny_model
 from skipdecode import lens
 from skipdecode.batcher import BatchInfo, Update

@@ -328,7 +328,8 @@ def test_the_api_compare_verifies(tiny_set, monkeypatch):
     """The compare's verify flag: the SkipDecode side drafts, the full side's model verifies, alone in its
     batch; the answer is full decoding's and the API gives the verification's fields."""
     from app.callbacks import Callbacks
-    from app.studio import AUTO, Studio, configured_models
+    from app.choices import AUTO, configured_models
+    from app.studio import Studio
     from skipdecode.batcher import Batcher
 
     base, adapters = tiny_set
@@ -350,7 +351,9 @@ def test_the_page_marks_exports_and_replays_a_verified_comparison(tiny_set, monk
     """Verified mode's answer marks each token (accepted draft, replaced, the verifier's), escaped; the
     exported record carries the verification and replays with the same marks and summary."""
     from app import replay, teach, verified
-    from app.studio import AUTO, Settings, Studio, configured_models
+    from app.choices import AUTO, configured_models
+    from app.settings import Settings
+    from app.studio import Studio
     from skipdecode.batcher import Batcher
 
     base, adapters = tiny_set
