@@ -187,7 +187,7 @@ class Engine(Decoding):
     def run(self, requests: list[Request], prompts: list | None = None) -> Iterator[Generation]:
         """Checked requests (skipdecode/request.py) that share their settings, as one batch of one position;
         `prompts`, what the caller asked (text or ids), are kept in the generation (default: the ids). The
-        strategy drives the forward passes: one token at a time (`_tokens`) or a beam search (beam.search)."""
+        strategy drives the forward passes: one token at a time (`_tokens`) or a beam search (beam.beam_search)."""
         first = requests[0]
         if any(r.settings() != first.settings() for r in requests):
             raise ValueError("the requests of one batch share their schedule, token limit, sampling and beam")
