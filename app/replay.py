@@ -9,6 +9,7 @@ each position, the logit lens once computed, the settings that ran, the seed and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -38,16 +39,21 @@ LESSON_FILE = ROOT / "assets" / "lesson" / "the-cricketers-3x.json"
 def hardware(device: torch.device, dtype: str) -> dict:
     """What ran it: the timings in a record mean something only on the same kind of machine."""
     out = {"device": device.type, "dtype": dtype, "torch": torch.__version__, "cpu_count": os.cpu_count(),
-           "cpu": platform.processor() or platform.machine(), "platform": platform.platform()}
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        out["cpu"] = names[0] if names else out["cpu"]
-    except OSError:
-        pass
+           "cpu": _cpu_name(), "platform": platform.platform()}
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+@functools.cache
+def _cpu_name() -> str:
+    """The CPU's model name, read once a process (every record, the API's answer among them, names it)."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 def record(comparison: Comparison, tokenizer, settings: Settings | None = None, device=None) -> dict:
