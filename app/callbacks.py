@@ -27,8 +27,9 @@ from .studio import Studio
 # ends. Each update is HTML the server builds and a browser on the same machine renders while the batcher
 # times the decode steps; redrawing the three plots as tokens came in made the page's measured speedup read
 # 0.81x the API's for the same request (median of 5), text every 0.5 s and plots at the end 0.95x
-# (experiments/page_speedup.py, docs/research/engine-speed.md). The Batch tab, which shows no speedup, redraws
-# every PLOT_EVERY_S.
+# (experiments/page_speedup.py, docs/research/engine-speed.md). A side's first token is drawn when it comes,
+# whatever the interval: a run shorter than TEXT_EVERY_S still shows both answers start. The Batch tab, which
+# shows no speedup, redraws every PLOT_EVERY_S.
 TEXT_EVERY_S = 0.5
 PLOT_EVERY_S = 0.75
 DECODINGS = ("greedy", "sampling", "beam search")
@@ -200,15 +201,16 @@ class Callbacks:
             settings = settings_from(speedup, max_new_tokens, decoding, temperature, top_p, top_k, seed, manual,
                                      max_budget, min_budget, warmup, horizon, decay, mode, beams,
                                      verified.chosen(family))
-            written, texts = 0.0, None
+            written, texts, begun = 0.0, None, (False, False)
             for comparison in self.studio.compare(prompt, settings, model, stop=lambda: stopper.get("stop")):
                 if texts is None:  # one incremental detokenizer per side for the whole stream
                     tokenizer = self.studio.engine(comparison.model).tokenizer
                     texts = (views.TokenText(tokenizer), views.TokenText(tokenizer))
                 now, last = time.monotonic(), comparison.quality is not None or comparison.stopped
-                if not last and now - written < TEXT_EVERY_S:
+                started = tuple(bool(u and u.token_ids) for u in (comparison.skip, comparison.full))
+                if not last and now - written < TEXT_EVERY_S and started == begun:
                     continue
-                written = now
+                written, begun = now, started
                 sides = [text.pieces(update.token_ids) if update else [] for update, text in
                          zip((comparison.skip, comparison.full), texts)]
                 if last:  # the record (app/replay.py) keeps these: the answers are decoded once, here
