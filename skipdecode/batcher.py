@@ -108,10 +108,10 @@ class _Request:
     limit_s: float | None = None  # the time limit the deadline came from, for the message
     inbox: deque = field(default_factory=deque)  # updates and errors not yet read
     cancelled: bool = False
-    prompt_ids: list[int] = field(init=False)  # as a list once, for every update of every position
 
-    def __post_init__(self):
-        self.prompt_ids = list(self.job.request.prompt_ids)
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self.job.request.prompt_ids)
 
     @property
     def key(self):
