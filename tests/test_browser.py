@@ -164,10 +164,16 @@ def test_the_first_screen_says_what_the_studio_does_and_after_run_shows_both_ans
         page.locator("#sd-how").get_by_text("How this runs").click()
         page.fill("#sd-prompt textarea", PROMPT)
         set_tokens(page, 24)
+        # Streaming: tokens show while the run is still going (the cursor marks an unfinished output). A short
+        # run on a fast CPU streams for less than a frame, which polling can miss: an observer notes every state
+        # the page draws.
+        page.evaluate("""() => { window.sdStreamed = false;
+            const streaming = '#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor';
+            const seen = new MutationObserver(() => { const el = document.querySelector(streaming);
+                if (el && el.offsetParent !== null) { window.sdStreamed = true; seen.disconnect(); } });
+            seen.observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true}); }""")
         page.click("#sd-run")
-        # Streaming: tokens show while the run is still going (the cursor marks an unfinished output).
-        page.wait_for_selector("#sd-skip-output .sd-cursor .sd-token, #sd-skip-output .sd-token ~ .sd-cursor",
-                               timeout=120_000)
+        page.wait_for_function("() => window.sdStreamed", timeout=120_000)
         page.wait_for_selector("#sd-teach", state="visible", timeout=300_000)
         for side in ("#sd-skip-output", "#sd-full-output"):
             assert page.locator(f"{side} .sd-token").count() > 3
