@@ -206,22 +206,26 @@ class Studio:
                 comparison.why = (f"{draft.adapter} drafts instead, trained to read {full_choice.adapter}'s keys and "
                                   f"values", comparison.why[1])
             engine = Verified(self.engine(draft) if draft else engine, full_engine)
-        skip, full = self.batcher.submit_together([Job(engine, request), Job(full_engine, request.at_full_depth())])
+        tickets = self.batcher.submit_together(self.jobs(engine, full_engine, request))
+        scoring = None
         try:
-            for comparison.skip, comparison.full in follow([skip, full]):
+            for updates in follow(tickets):
+                comparison.skip, comparison.full, scoring = (*updates, None)[:3]
                 if stop is not None and stop():
                     comparison.stopped = True
                     break
                 yield comparison
         finally:
-            skip.cancel(), full.cancel()
+            for ticket in tickets:
+                ticket.cancel()
         if not all(side and side.token_ids for side in (comparison.skip, comparison.full)):
             yield comparison  # stopped before both sides had a token: nothing to score
             return
         started = time.perf_counter()
-        states = self.answer_states(full_engine, comparison)
+        states = self.ridden_states(comparison, scoring) or self.answer_states(full_engine, comparison)
         comparison.quality = self.score(full_engine, comparison, states)
         comparison.divergence = self.divergence(full_engine, comparison, states)
+        comparison.full.states = None  # scored: the comparison keeps no hidden states
         comparison.divergence_ms = (time.perf_counter() - started) * 1000.0
         yield comparison
 
@@ -240,6 +244,30 @@ class Studio:
         adapter made for the speedup against the one made for full depth (for an E2E MR the fine-tuned 1x
         baseline; for any other prompt the base model itself); a chosen model runs both."""
         return self.pick(AUTO, 1.0, prompt, kind) if model == AUTO else (choice, why)
+
+    def jobs(self, engine: Engine, full_engine: Engine, request: Request) -> list[Job]:
+        """A comparison's jobs: SkipDecode and full decoding of one request. Where they share a continuous batch,
+        the scoring rides the decode: the full side keeps its own last hidden states (full depth, its own
+        model: its answer's scoring), and a teacher-forced row of the full model follows the SkipDecode side,
+        fed its tokens as they come, so the scores are ready when the answers are (`ridden_states`)."""
+        jobs = [Job(engine, request), Job(full_engine, request.at_full_depth())]
+        if request.beam is None and self.batcher.follows_as_rows(engine, full_engine):
+            prompt = list(request.prompt_ids)
+            jobs[1] = replace(jobs[1], keep_states=True)
+            jobs.append(Job(full_engine, check(full_engine, prompt, max_new_tokens=1), states_from=len(prompt) - 1,
+                            follows=0))
+        return jobs
+
+    @staticmethod
+    def ridden_states(comparison: Comparison, scoring) -> dict | None:
+        """The states the decode kept for scoring (`jobs`), where they cover both whole answers (a stopped
+        comparison's do not: it is scored after)."""
+        skip, full = comparison.skip, comparison.full
+        if comparison.stopped or scoring is None or scoring.states is None or full.states is None:
+            return None
+        if len(scoring.states) != len(skip.token_ids) or len(full.states) != len(full.token_ids):
+            return None
+        return {"skipdecode": scoring.states, "full": full.states}
 
     def answer_states(self, engine: Engine, comparison: Comparison) -> dict | None:
         """Full depth's last hidden states (under `engine`, the full run's model) at the positions that predict

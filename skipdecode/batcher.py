@@ -54,6 +54,10 @@ class Job:
     engine: object
     request: Request
     states_from: int | None = None  # teacher-forced (scoring): no new token, the last hidden states from here
+    # Continuous batch only: a teacher-forced job fed, after its prompt, the tokens of the job at this index among
+    # those submitted together, as they come (scoring that ends with the answer it scores)
+    follows: int | None = None
+    keep_states: bool = False  # continuous batch only: a decoding job that also returns its last hidden states
 
     @classmethod
     def of(cls, engine, prompt, schedule: Schedule | None = None, max_new_tokens: int = 64,
@@ -108,6 +112,8 @@ class _Request:
     limit_s: float | None = None  # the time limit the deadline came from, for the message
     inbox: deque = field(default_factory=deque)  # updates and errors not yet read
     cancelled: bool = False
+    leader: "_Request | None" = None  # the request whose tokens this one is fed (Job.follows)
+    rows: list = field(default_factory=list)  # its rows in a continuous batch, once admitted
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -237,12 +243,26 @@ class Batcher:
             if job.request.rows > self.max_rows:
                 raise ValueError(f"at most {self.max_rows} beams (rows of a batch); got {job.request.rows}")
         requests = [_Request(job, signal, deadline, limit) for job in jobs]
+        for request in requests:
+            lead = request.job.follows
+            if lead is None:
+                continue
+            if not (0 <= lead < len(jobs) and jobs[lead] is not request.job and request.job.states_from is not None
+                    and self.follows_as_rows(jobs[lead].engine, request.job.engine) and not jobs[lead].request.beam):
+                raise ValueError("a following job is teacher-forced and follows a plain job submitted with it, in "
+                                 "one continuous batch (follows_as_rows)")
+            request.leader = requests[lead]
         self._inbox.put(requests)
         return [Ticket(r) for r in requests]
 
     def scores_as_rows(self, engine) -> bool:
         """Whether `states` runs as a row of `engine`'s continuous batch (else it runs alone)."""
         return self._joins(engine)
+
+    def follows_as_rows(self, leader, engine) -> bool:
+        """Whether a teacher-forced row of `engine` can follow a row of `leader` as it decodes (Job.follows): both
+        in one continuous batch."""
+        return self._joins(leader) and self._joins(engine) and base_of(leader) == base_of(engine)
 
     def states(self, engine, ids: Sequence[int], start: int) -> torch.Tensor:
         """The last hidden states [len(ids) - start, d] of one full-depth, teacher-forced pass over `ids`:
@@ -306,7 +326,10 @@ class Batcher:
         if running is None:
             running = self._running[key] = _Continuous(request.job.engine, self.max_rows, next(self._numbers))
             self.history.append(running.info)
-        running.admit(request)
+        try:
+            running.admit(request)
+        except Exception as error:  # a request that cannot join fails alone
+            _fail([request], error)
         return True
 
     def _drain(self) -> list[list[_Request]]:
@@ -400,8 +423,16 @@ class _Continuous:
     def admit(self, request: _Request) -> None:
         job, asked = request.job, request.job.request
         new = 0 if job.states_from is not None else asked.max_new_tokens
+        if request.leader is not None:  # it scores its leader's answer: room for its columns
+            new = request.leader.job.request.max_new_tokens
         rows = [Row(request.prompt_ids, asked.schedule, new, asked.sampling, asked.stop_at_eos, owner=request,
-                    engine=job.engine, states_from=job.states_from) for _ in range(asked.rows)]
+                    engine=job.engine, states_from=job.states_from, keep_states=job.keep_states)
+                for _ in range(asked.rows)]
+        if request.leader is not None:
+            if not request.leader.rows:
+                raise ValueError("a following job's leader has not joined this continuous batch")
+            rows[0].leader = request.leader.rows[0]
+        request.rows = rows
         if asked.beam:
             Beams(BeamSearch(asked.beam, 1, job.engine.eos_ids, asked.max_new_tokens, job.engine.decoder.device), rows)
         self.waiting.append(rows)
@@ -439,7 +470,7 @@ class _Continuous:
                 continue
             shared = max((step.rows for step in row.trace.steps), default=1)  # the most rows a step of it held
             info = BatchInfo(self.info.number, shared, row.schedule.to_dict(), self.info.started)
-            states = torch.cat(row.states) if row.states_from is not None and row.finished else None
+            states = torch.cat(row.states) if row.states and row.finished else None
             tokens = row.group.tokens if row.group else row.token_ids  # a search's: its best hypothesis so far
             request.send(Update(0, info, request.prompt_ids, list(tokens), None, row.finished, row.finished,
                                 _snapshot(row.trace), states=states, tokenizer=row.engine.tokenizer))

@@ -13,7 +13,10 @@ columns): with warm-up plus top layers the sets are nested, so a step makes abou
 budget among its rows, and its cost is the layers of its largest budget, each paid only by the rows that
 run it. A request joins at any step: its prompt runs in chunks between decode steps (PREFILL_CHUNK tokens a step, over
 one long prompt or several short ones), so running rows never wait for a whole long prompt; a finished row frees its slot at once. Scoring joins the same way: a
-teacher-forced row is a prompt alone, whose last hidden states it keeps.
+teacher-forced row is a prompt alone, whose last hidden states it keeps. A teacher-forced row may also follow a
+decoding row (`leader`): after its prompt it is fed the leader's tokens as they come, one a step beside the
+leader's own, so the page's scoring of an answer ends with the answer instead of running after it; and a
+decoding row can keep its own last hidden states (`keep_states`), which at full depth are its answer's scoring.
 
 Bits: layer.c computes every row from that row alone, so a row decodes here the tokens it decodes alone.
 This runs on the CPU's native path (a decoder whose layers are fused, `Decoder.fused`); elsewhere the
@@ -34,6 +37,7 @@ from .sampling import Sampling, next_tokens
 from .schedule import Schedule
 from .trace import StepRecord, Trace
 
+MIN_SLOTS = 4  # a comparison's rows (two answers, their scoring): one cache for them, grown for more
 PREFILL_CHUNK = 64  # prompt tokens prefilled between two decode steps (one call a row, several short prompts)
 WIDTH_QUANTUM = 128  # cache columns are allocated in multiples of this
 
@@ -71,6 +75,9 @@ class Row:
     # A teacher-forced row (scoring): no new token; the last hidden states of positions from here on are kept
     states_from: int | None = None
     states: list[torch.Tensor] = field(default_factory=list)
+    keep_states: bool = False  # a decoding row that keeps its last hidden state at every position it predicts from
+    leader: "Row | None" = None  # a teacher-forced row fed this row's tokens as they come (states_from: its prompt's last)
+    fed: int = 0  # the leader's tokens fed so far
     group: "Beams | None" = None  # a beam search's rows: one prompt, K beams at one position
 
     @property
@@ -80,6 +87,19 @@ class Row:
     @property
     def decoding(self) -> bool:
         return self.prefilled == len(self.prompt_ids) and not self.finished and not self.cancelled
+
+    def next_input(self) -> int | None:
+        """The token this row feeds at the next step (its own last, or its leader's next), None if it waits."""
+        if not self.decoding:
+            return None
+        if self.leader is None:
+            return self.token_ids[-1] if self.token_ids else None
+        return self.leader.token_ids[self.fed] if self.fed < len(self.leader.token_ids) else None
+
+    def caught_up(self) -> bool:
+        """A following row is done once it has fed every token of its finished leader but the last (whose
+        successor nobody predicts)."""
+        return self.leader.finished and self.fed >= len(self.leader.token_ids) - 1
 
 
 class Beams:
@@ -171,7 +191,7 @@ class Slots:
         used = {r.slot for r in self.rows}
         row.slot = next(s for s in range(self.max_rows) if s not in used)
         width = _width([*self.rows, row])
-        slots = 1 << row.slot.bit_length()  # a power of two above the slot
+        slots = min(self.max_rows, max(MIN_SLOTS, 1 << row.slot.bit_length()))  # a power of two above the slot
         if self.cache is None:
             self.cache = SlotCache(self.dec, slots, width)
         elif slots > self.cache.slots or width > self.cache.width:
@@ -187,9 +207,7 @@ class Slots:
         gone = [r for r in self.rows if r.finished or r.cancelled]
         self.rows = [r for r in self.rows if not (r.finished or r.cancelled)]
         if not self.rows:
-            self.cache = None  # an idle engine holds no cache
-        elif gone and 2 * _width(self.rows) <= self.cache.width:  # the longest rows left: give their columns back
-            self.cache.resize(self.cache.slots, _width(self.rows))
+            self.cache = None  # an idle engine holds no cache; a busy one keeps its width (no copy as rows come and go)
         return gone
 
     # ---- work ------------------------------------------------------------------------------------
@@ -205,7 +223,10 @@ class Slots:
             if self._prefill_chunk(row, budget):
                 moved.append(row)
             budget -= row.prefilled - before
-        decoding = [r for r in self.rows if r.decoding and r.token_ids]
+        for row in self.rows:
+            if row.leader is not None and row.leader.cancelled:
+                row.cancelled = True
+        decoding = [r for r in self.rows if r.next_input() is not None]
         if decoding:
             self._step(decoding)
             moved += decoding
@@ -236,8 +257,10 @@ class Slots:
         done = b == len(ids)
         if row.states_from is not None:  # a teacher-forced row: keep its states, choose nothing
             row.states.append(x[0, max(row.states_from - a, 0):].clone())
-            row.finished = done
+            row.finished = done and (row.leader is None or row.caught_up())
         elif done:
+            if row.keep_states:
+                row.states.append(x[0, -1:].clone())
             if self.prefixes is not None:
                 self.prefixes.store(row.engine.decoder, ids, _SlotView(cache, row.slot))
             if row.group is not None:  # a beam search: every beam starts from the prompt's columns
@@ -256,10 +279,10 @@ class Slots:
         run of layers that the same rows run (`segments`)."""
         dec, cache = self.dec, self.cache
         started = time.perf_counter()
-        steps = [len(r.token_ids) - 1 for r in rows]  # generated position each row feeds back
+        steps = [r.fed if r.leader is not None else len(r.token_ids) - 1 for r in rows]  # generated position fed
         starts = [len(r.prompt_ids) + s for r, s in zip(rows, steps)]
         layer_sets = [r.schedule.layers(s) for r, s in zip(rows, steps)]
-        tokens = torch.tensor([[r.token_ids[-1]] for r in rows], device=dec.device)
+        tokens = torch.tensor([[r.next_input()] for r in rows], device=dec.device)
         positions = torch.tensor([[c] for c in starts], device=dec.device)
         x, rope = dec.embed(tokens, positions), dec.rope(positions, limit=max(starts) + 1)
         for i, r in enumerate(rows):
@@ -280,7 +303,17 @@ class Slots:
             in_calls += took
             for i in members:
                 spent[i] += took
-        self._choose(rows, dec.logits(x[:, -1]))
+        for i, r in enumerate(rows):
+            if r.keep_states or r.leader is not None:
+                r.states.append(x[i, -1:].clone())
+        choosing = [i for i, r in enumerate(rows) if r.leader is None]
+        if choosing:
+            self._choose([rows[i] for i in choosing],
+                         dec.logits(x[:, -1] if len(choosing) == len(rows) else x[torch.tensor(choosing), -1]))
+        for r in rows:
+            if r.leader is not None:  # a following row: it chose nothing, and ends with its leader
+                r.fed += 1
+                r.finished = r.caught_up()
         total = time.perf_counter() - started
         self.steps += 1
         for i, r in enumerate(rows):  # the calls a row ran in, and the step's shared work (embed, head, choice)

@@ -159,18 +159,70 @@ def test_scoring_joins_as_a_teacher_forced_row_with_the_bits_of_a_pass_alone(eng
         batcher.close()
 
 
-def test_the_cache_grows_for_a_long_row_and_gives_its_columns_back_when_it_leaves(engine):
+def test_a_row_following_a_decoding_row_keeps_the_states_scoring_its_answer_as_it_comes(engine):
+    """The page's scoring riding the decode: a teacher-forced row fed a SkipDecode row's tokens as they come
+    (`leader`), and a full-depth row keeping its own states (`keep_states`), give the bits of one full-depth
+    pass alone over each prompt and answer, and end with the answers: no step after the last token."""
     L = engine.num_layers
-    slots = Slots(engine, max_rows=2, prefixes=None)
+    prompt = prompts()[3]
+    slots = Slots(engine, max_rows=4, prefixes=None)
+    skip = slots.add(Row(prompt, Schedule(L, 4, 2, warmup=1, horizon=3), NEW, stop_at_eos=False))
+    full = slots.add(Row(prompt, Schedule.full(L), NEW, stop_at_eos=False, keep_states=True))
+    follower = slots.add(Row(prompt, Schedule.full(L), NEW, states_from=len(prompt) - 1, leader=skip))
+    while not (skip.finished and full.finished):
+        assert not follower.finished
+        slots.advance()
+    assert follower.finished and follower.token_ids == []  # it chose nothing, and ended in the same step
+    for row, states in ((skip, follower.states), (full, full.states)):
+        ids = prompt + row.token_ids[:-1]
+        alone_states = engine.hidden_states(torch.tensor([ids]))[-1][0, len(prompt) - 1:]
+        assert torch.equal(torch.cat(states), alone_states)
+    assert skip.token_ids == alone(engine, prompt, skip.schedule, Sampling())  # the follower changed nothing
+    slots.drop_finished()
+    cancelled = slots.add(Row(prompt, Schedule.full(L), NEW, stop_at_eos=False))
+    stays = slots.add(Row(prompt, Schedule.full(L), NEW, states_from=len(prompt) - 1, leader=cancelled))
+    slots.advance()
+    cancelled.cancelled = True
+    slots.advance()
+    assert stays.cancelled  # a follower leaves with its leader
+
+
+def test_the_batcher_runs_a_following_job_beside_its_leader_and_refuses_one_that_cannot_follow(engine):
+    from skipdecode.batcher import Job, follow
+    from skipdecode.request import check
+
+    L, prompt = engine.num_layers, prompts()[3]
+    request = check(engine, prompt, Schedule(L, 4, 2, warmup=1, horizon=3), NEW, stop_at_eos=False)
+    batcher = Batcher()
+    try:
+        jobs = [Job(engine, request), Job(engine, request.at_full_depth(), keep_states=True),
+                Job(engine, check(engine, prompt, max_new_tokens=1), states_from=len(prompt) - 1, follows=0)]
+        *_, (skip, full, scoring) = follow(batcher.submit_together(jobs))
+        assert skip.states is None and scoring.token_ids == []
+        for answer, states in ((skip, scoring.states), (full, full.states)):
+            assert torch.equal(states, batcher.states(engine, prompt + answer.token_ids[:-1], len(prompt) - 1))
+        with pytest.raises(ValueError, match="following job"):  # a job cannot follow itself
+            batcher.submit_together([Job(engine, request, states_from=0, follows=0)])
+        with pytest.raises(ValueError, match="following job"):  # nor a job that chooses tokens follow another
+            batcher.submit_together([Job(engine, request), Job(engine, request, follows=0)])
+    finally:
+        batcher.close()
+
+
+def test_the_cache_grows_for_a_long_row_and_keeps_its_width_until_the_batch_empties(engine):
+    """Rows come and go at every step under load: the cache grows for a longer row and keeps its columns (no
+    copy of every slot each time the longest row leaves); an idle batch holds none."""
+    L = engine.num_layers
+    slots = Slots(engine, max_rows=8, prefixes=None)
     short = slots.add(Row([1, 5, 6], Schedule.full(L), 8, stop_at_eos=False))
-    assert (slots.cache.slots, slots.cache.width) == (1, 128)
+    assert (slots.cache.slots, slots.cache.width) == (4, 128)  # a comparison's rows: one cache from the start
     long = slots.add(Row([1, 7], Schedule.full(L), 200, stop_at_eos=False))
-    assert (slots.cache.slots, slots.cache.width) == (2, 256)
+    assert (slots.cache.slots, slots.cache.width) == (4, 256)
     slots.advance()
     held = list(slots.cache.lengths[short.slot])
     long.cancelled = True
     slots.drop_finished()
-    assert slots.cache.width == 128 and slots.cache.lengths[short.slot] == held  # what the short row holds stays
+    assert slots.cache.width == 256 and slots.cache.lengths[short.slot] == held  # what the short row holds stays
     while not short.finished:
         slots.advance()
     assert short.token_ids == alone(engine, [1, 5, 6], Schedule.full(L), Sampling())[:8]

@@ -93,6 +93,32 @@ def test_the_record_of_a_run_holds_the_settings_it_ran_not_the_widgets_later(stu
     assert record["settings"]["speedup"] == 2.0 and record["settings"]["max_new_tokens"] == 3 and record["seed"] == 11
 
 
+def test_a_comparisons_scoring_rides_its_decode_and_scores_what_a_pass_after_scores(served_engine, monkeypatch):
+    """Both sides in one continuous batch (the default model on its native 4-bit path): the full side keeps its
+    own states and a row of the full model follows SkipDecode's answer as it comes (Studio.jobs), so no scoring
+    pass runs after the answers, and the scores and divergence are those of passes after them, to the bit."""
+    from app.choices import ModelChoice
+    from app.studio import weights_per_token
+    from skipdecode.models import DEFAULT_MODEL
+
+    studio = Studio([ModelChoice(f"{DEFAULT_MODEL} (base)", DEFAULT_MODEL)], batcher=Batcher(window_s=0.0))
+    label = studio.base.label  # the session's engine, instead of loading the same model again
+    studio._engines[label], studio._costs[label] = served_engine, weights_per_token(served_engine)
+    passes = []
+    after = studio.batcher.states
+    monkeypatch.setattr(studio.batcher, "states", lambda *args: passes.append(args) or after(*args))
+    try:
+        final = list(studio.compare("Describe a cafe by the river.", Settings(speedup=3.0, max_new_tokens=8), label))[-1]
+        assert studio.batcher.follows_as_rows(served_engine, served_engine) and final.skip.token_ids
+        assert passes == [] and final.full.states is None  # no pass after; the comparison keeps no states
+        states = studio.answer_states(served_engine, final)
+        assert len(passes) == 2
+        assert studio.score(served_engine, final, states) == final.quality
+        assert studio.divergence(served_engine, final, states).to_dict() == final.divergence.to_dict()
+    finally:
+        studio.batcher.close()
+
+
 def test_stop_ends_both_sides_early_and_scores_what_they_wrote(studio):
     """Stop (asked after every position) ends the comparison where it stands: marked stopped, done, shorter than
     asked, and scored on the partial answers, so that it opens like a finished one."""
