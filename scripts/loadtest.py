@@ -17,6 +17,7 @@ server reports. Prints a report; `--out` also writes it as JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -46,6 +47,25 @@ class Outcome:
     seconds: float = 0.0
     result: dict | None = field(default=None, repr=False)
     error: str | None = None
+
+
+def client(url: str):
+    """A visitor's gradio_client. The visitors run on this machine's two cores beside the server (a class's
+    browsers run elsewhere), and gradio_client builds a TLS context (the whole CA bundle read) for each HTTP call
+    it makes, plain http included: 10-20 ms of CPU a call, three calls a request, taken from the server's
+    decoding threads. One context, built once, serves every visitor's calls (httpx takes it as `verify`)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, ssl_verify=_tls())
+
+
+@functools.cache
+def _tls():
+    import ssl
+
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def prompts(count: int) -> list[str]:
@@ -166,10 +186,8 @@ def load(args) -> dict:
     settings = dict(speedup=args.speedup, max_new_tokens=args.max_new_tokens, model=base_label())
     server = start("loadtest-load-server")
     try:
-        from gradio_client import Client
-
         before = machine()
-        clients = [Client(server.url, verbose=False) for _ in range(args.users)]
+        clients = [client(server.url) for _ in range(args.users)]
         go = threading.Barrier(args.users)
 
         def user(u: int) -> list[Outcome]:
@@ -204,9 +222,7 @@ def soak(args) -> dict:
     server = start("loadtest-soak-server")
     samples, outcomes = [], []
     try:
-        from gradio_client import Client
-
-        client = Client(server.url, verbose=False)
+        visitor = client(server.url)
         model = base_label()
         for i in range(args.soak):
             settings = dict(speedup=[1.0, 2.0, 3.0, 4.0, 5.0][i % 5], max_new_tokens=[8, 12, 16][i % 3], model=model)
@@ -216,7 +232,7 @@ def soak(args) -> dict:
             if i % 10 == 9:  # bad input must be refused, and cost nothing that stays
                 outcome.settings = {**settings, **{k: v for k, v in bad[(i // 10) % len(bad)].items() if k != "prompt"}}
                 outcome.prompt = bad[(i // 10) % len(bad)].get("prompt", outcome.prompt)
-            ask(client, outcome, args)
+            ask(visitor, outcome, args)
             outcomes.append(outcome)
             if (i + 1) % 20 == 0:
                 samples.append({"after": i + 1, "rss_mb": round(rss_mb(server.process.pid), 1)})
@@ -246,11 +262,10 @@ def classroom(args) -> dict:
     for mode in (["positions", "continuous"] if args.batching == "both" else [args.batching]):
         server = start(f"loadtest-class-{mode}", args=("--batching", mode))
         try:
-            from gradio_client import Client
 
-            solo = [ask(Client(server.url, verbose=False), Outcome(-1, k, texts[args.visitors + k], settings), args)
+            solo = [ask(client(server.url), Outcome(-1, k, texts[args.visitors + k], settings), args)
                     for k in range(args.solo)]
-            clients = [Client(server.url, verbose=False) for _ in range(args.visitors)]
+            clients = [client(server.url) for _ in range(args.visitors)]
             begin = time.monotonic() + 1.0
 
             def visitor(v: int) -> Outcome:
@@ -374,9 +389,7 @@ def models(args) -> dict:
     server = start("loadtest-models-server")
     outcomes, samples = [], []
     try:
-        from gradio_client import Client
-
-        client = Client(server.url, verbose=False)
+        visitor = client(server.url)
         from app.choices import configured_models
         choices = [m.label for m in configured_models()]
         pick = random.Random(0)
@@ -384,7 +397,7 @@ def models(args) -> dict:
         plan += [(pick.choice(choices), pick.choice([1.0, 2.0, 3.0, 5.0])) for _ in range(args.random)]
         for i, (label, speedup) in enumerate(plan):
             settings = dict(speedup=speedup, max_new_tokens=args.model_tokens, model=label)
-            outcomes.append(ask(client, Outcome(0, i, texts[i % len(texts)], settings), args))
+            outcomes.append(ask(visitor, Outcome(0, i, texts[i % len(texts)], settings), args))
             samples.append({"after": i + 1, "model": label, "rss_mb": round(rss_mb(server.process.pid), 1)})
             print(f"  models: request {i + 1}/{len(plan)} ({label}, {speedup:g}x): server RSS "
                   f"{samples[-1]['rss_mb']:.0f} MB", flush=True)
