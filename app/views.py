@@ -363,13 +363,16 @@ def status_markdown(comparison: Comparison | None, running: bool) -> str:
 
 def sharing(comparison: Comparison) -> str | None:
     """How many other visitors' rows shared this comparison's decode steps, in a continuous batch (its steps
-    carry the batch's tick, skipdecode/slots.py); None for batches of one position."""
+    carry the batch's tick, skipdecode/slots.py), beyond its own: both sides and, but for a beam search, the row
+    that scores the SkipDecode answer as it comes (Studio.jobs); None for batches of one position."""
     sides = [u for u in (comparison.skip, comparison.full) if u is not None]
     steps = [s for u in sides for s in u.trace.steps]
     if not steps or any(s.tick is None for s in steps):
         return None
-    own = len({u.batch.number for u in sides}) == 1 and len(sides) == 2  # both sides in one batch: 2 own rows
-    others = max(s.rows for s in steps) - (2 if own else 1)
+    own = 1
+    if len({u.batch.number for u in sides}) == 1 and len(sides) == 2:  # both sides in one batch: their 2 rows,
+        own = 2 if comparison.decoding.startswith("beam search") else 3  # and the row scoring SkipDecode's (Studio.jobs)
+    others = max(s.rows for s in steps) - own
     if others <= 0:
         return "No other visitor's answer was decoding meanwhile: its steps ran its own rows alone."
     return (f"Its steps were shared with up to {others} other {'row' if others == 1 else 'rows'} (other visitors' "

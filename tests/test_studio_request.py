@@ -157,7 +157,7 @@ def test_the_page_draws_a_stopped_run_as_stopped_with_run_ready_and_present_open
 
 def test_the_page_says_how_many_other_visitors_rows_shared_a_comparisons_steps():
     """A continuous batch's steps carry its tick: the details and the headline say how many rows beyond the
-    comparison's own two shared them; batches of one position keep saying how they were batched."""
+    comparison's own (both sides, and the row scoring SkipDecode's answer as it comes) shared them; batches of one position keep saying how they were batched."""
     from app import views
     from app.comparison import Comparison
     from skipdecode.batcher import BatchInfo, Update
@@ -168,10 +168,12 @@ def test_the_page_says_how_many_other_visitors_rows_shared_a_comparisons_steps()
         trace = Trace(4, 1, 3, {}, steps=[StepRecord(0, 4, (0, 1, 2, 3), (), 1.0, n, tick) for n in rows])
         return Update(0, BatchInfo(7, max(rows), {}, 0.0), [1, 2, 3], [5] * len(rows), "x", True, True, trace)
 
-    comparison = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2, 5, 3]), side([2, 2, 2]))
+    comparison = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([3, 6, 4]), side([3, 3, 3]))
     assert "up to 3 other rows (other visitors' answers)" in views.sharing(comparison)
     assert views.sharing(comparison) in views.status_markdown(comparison, running=False)
-    alone = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2, 2]), side([2]))
+    alone = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([3, 3]), side([3]))
     assert views.sharing(alone).startswith("No other visitor's answer")
+    beams = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2, 5]), side([2]), decoding="beam search, 2 beams")
+    assert "up to 3 other rows" in views.sharing(beams)  # no scoring row rides a beam search
     in_step = Comparison("p", "m", "m", 4, Schedule.full(4), 3, side([2], None), side([2], None))
     assert views.sharing(in_step) is None and "requests batched together" in views.status_markdown(in_step, False)
