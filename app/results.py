@@ -138,6 +138,9 @@ PEOPLE["e2e-beams4"] = PEOPLE["e2e"]
 METHODS = {"full": "full decoding", "skipdecode": "SkipDecode", "early_exit_peer": "per-token early exit",
            "llama.cpp": "llama.cpp"}
 BROKEN = 100.0  # a perplexity ratio past this: the text has fallen apart (the untrained model at 5x: word salad)
+# A share of repeated word 3-grams past this: the answer loops. The most any full-decoding answer to the 64 general
+# validation prompts repeats, rounded up (docs/research/looping-answers.md, experiments/looping.py)
+LOOPING = 0.8
 NOTES = {
     "general": ("**Perplexity vs full**: how much less likely the full model finds an answer than its own (the "
                 "median over prompts); 1 is as likely, past 100 the text has fallen apart (the base model, never "

@@ -10,11 +10,12 @@ import html
 import numpy as np
 import pandas as pd
 
+from skipdecode.evaluation.general import repetition
 from skipdecode.evaluation.quality import common_prefix
 from skipdecode.schedule import SPREAD, Schedule, for_speedup
 
 from . import plots, rounds, timing
-from .results import BROKEN
+from .results import BROKEN, LOOPING
 from .comparison import BatchRun, Comparison, TIMING_NOTE
 EMPTY_OUTPUT = '<div class="sd-output sd-empty">The output appears here, token by token.</div>'
 
@@ -279,14 +280,18 @@ def headline_html(comparison: Comparison | None, running: bool) -> str:
     t = timing.of(comparison)
     verdict = t.words(name) if t else "not timed"
     kind, same = t.verdict if t else "short", same_answer(comparison)
-    fallen = broken(comparison)
+    fallen, loops = broken(comparison), looping(comparison)
+    speed = ("its speed" + (f", {t.end_to_end:.2f}× full decoding's to the whole answer," if t and t.end_to_end else "")
+             + f" buys nothing here. {same}")
     if fallen:  # the speed of an answer that has fallen apart is no result: that comes first, and no "faster"
         ppl, kind = comparison.quality["perplexity"], "broken"
         verdict = (f"{name}'s answer has fallen apart: the full model finds it {fallen:,.0f}× less likely than its "
                    "own")
-        same = (f"Perplexity {ppl['skipdecode']:,.0f} against {ppl['full']:,.2f}; its speed"
-                + (f", {t.end_to_end:.2f}× full decoding's to the whole answer," if t and t.end_to_end else "")
-                + f" buys nothing here. {same}")
+        same = f"Perplexity {ppl['skipdecode']:,.0f} against {ppl['full']:,.2f}; {speed}"
+    elif loops:  # fluent, likely, and saying the same thing again: no "faster" either
+        kind = "broken"
+        verdict = f"{name}'s answer loops: {100 * loops[0]:.0f}% of its word triples repeat earlier ones"
+        same = f"Full decoding's answer repeats {100 * loops[1]:.0f}% of its own; {speed}"
     detail = (f"Per decoded token {_x(t.decode)}, prefill {t.skip_prefill_ms:.0f} ms vs {t.full_prefill_ms:.0f} ms; "
               f"spread: {t.spread()}." if t and t.decode else "")
     detail = f"{detail} {sharing(comparison) or ''}".strip()
@@ -304,6 +309,18 @@ def broken(comparison: Comparison) -> float | None:
     if comparison.verified or not skip or not full:
         return None
     return skip / full if skip / full > BROKEN else None
+
+
+def looping(comparison: Comparison) -> tuple[float, float] | None:
+    """(SkipDecode's, full decoding's) share of word triples that repeat earlier ones in their answers, where
+    SkipDecode's answer loops (past results.LOOPING) and full decoding's does not: a fluent answer the full
+    model finds likely, saying the same thing again. None otherwise, before both answers are done, and for
+    verified decoding (its answer is full depth's)."""
+    skip, full = comparison.skip, comparison.full
+    if comparison.verified or not comparison.done or skip is None or full is None:
+        return None
+    shares = repetition(skip.text), repetition(full.text)
+    return shares if shares[0] > LOOPING >= shares[1] else None
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -325,6 +342,9 @@ def quality_html(comparison: Comparison | None) -> str:
          "reference"),
         ("perplexity under the full model", _fmt(ppl["skipdecode"], 2), _fmt(ppl["full"], 2)),
     ]
+    if comparison.skip is not None and comparison.full is not None:  # loops show here, whichever side loops
+        rows.append(("word triples said before (loops)", f"{100 * repetition(comparison.skip.text):.0f}%",
+                     f"{100 * repetition(comparison.full.text):.0f}%"))
     if refs:
         n = len(comparison.references)
         rows += [(f"BLEU vs {n} E2E references", _fmt(refs["skipdecode"]["bleu"]), _fmt(refs["full"]["bleu"])),
@@ -429,6 +449,8 @@ def compare_figures(comparison: Comparison):
     title = t.words(name) if t else None
     if t and t.end_to_end and broken(comparison):  # no "faster" over word salad here either
         title = f"{name} {t.end_to_end:.2f}× the speed, on an answer that has fallen apart"
+    elif t and t.end_to_end and looping(comparison):  # nor over an answer going round in circles
+        title = f"{name} {t.end_to_end:.2f}× the speed, on an answer that loops"
     return budget, layer_map, plots.latency_figure(timing.token_frame(comparison.skip.trace),
                                                    timing.token_frame(comparison.full.trace), title, name)
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from app import plots, rounds, timing, views
 from app.results import load_table
+from skipdecode.evaluation import general
 from skipdecode.models import DEFAULT_MODEL
 from skipdecode.schedule import Schedule
 from skipdecode.trace import StepRecord, Trace
@@ -477,16 +478,17 @@ def test_the_headline_figure_lies_in_the_spread_it_states_when_one_side_runs_on(
     assert short.verdict == timing.SHORT and "too short a run to tell" in short.words()
 
 
-def finished(skip_ms, full_ms, perplexity, model="general-3x (fine-tuned for 3x)", full_model="M (base)"):
+def finished(skip_ms, full_ms, perplexity, model="general-3x (fine-tuned for 3x)", full_model="M (base)",
+             texts=("text", "text")):
     """A finished comparison on hand-made traces, scored with these perplexities (SkipDecode's, full's)."""
     from app.comparison import Comparison
     from skipdecode.batcher import BatchInfo, Update
 
-    def update(ms):
-        return Update(0, BatchInfo(1, 1, {}, 0.0), [1, 2], list(range(len(ms) + 1)), "text", True, True, timed(ms))
+    def update(ms, text):
+        return Update(0, BatchInfo(1, 1, {}, 0.0), [1, 2], list(range(len(ms) + 1)), text, True, True, timed(ms))
 
     return Comparison("Why is the sky blue?", model, full_model, L, SCHEDULE, len(skip_ms) + 1,
-                      skip=update(skip_ms), full=update(full_ms),
+                      skip=update(skip_ms, texts[0]), full=update(full_ms, texts[1]),
                       quality={"skipdecode_vs_full": None, "token_agreement": {"agreement": 0.1, "prefix": 0},
                                "perplexity": dict(zip(("skipdecode", "full"), perplexity)), "references": None})
 
@@ -505,6 +507,28 @@ def test_a_broken_answer_is_said_first_and_never_called_faster():
     fine = finished([5.0] * 30, [10.0] * 30, (4.0, 3.1))
     assert "faster to the whole answer" in views.headline_html(fine, running=False)
     assert views.broken(fine) is None
+
+
+def test_a_looping_answer_is_said_first_and_never_called_faster():
+    """A fluent answer that says the same thing again (its share of repeated word triples past results.LOOPING,
+    full decoding's not): the headline says it loops before any speed, and neither it nor the latency chart says
+    "faster". Where full decoding loops as much, the model loops, not the skipping: the speed is the verdict."""
+    from app.results import LOOPING
+
+    loop = "The knight and the dragon became friends. " * 12
+    prose = ("Once upon a time a knight rode out to find the dragon that had burned the northern fields. He found "
+             "it asleep by a cold river, thin and wounded, and instead of drawing his sword he brought it water.")
+    assert general.repetition(loop) > LOOPING >= general.repetition(prose)
+    loops = finished([5.0] * 30, [10.0] * 30, (1.4, 3.1), texts=(loop, prose))
+    headline = views.headline_html(loops, running=False)
+    assert "sd-broken" in headline and "faster" not in headline.lower()
+    assert f"answer loops: {100 * general.repetition(loop):.0f}% of its word triples repeat earlier ones" in headline
+    latency = views.compare_figures(loops)[2]
+    assert "loops" in latency.layout.title.text and "faster" not in latency.layout.title.text
+    shares = f"<td>{100 * general.repetition(loop):.0f}%</td><td>0%</td>"  # both sides' loops, in the quality panel
+    assert "word triples said before (loops)" in views.quality_html(loops) and shares in views.quality_html(loops)
+    both = finished([5.0] * 30, [10.0] * 30, (1.4, 1.4), texts=(loop, loop))
+    assert views.looping(both) is None and "faster to the whole answer" in views.headline_html(both, running=False)
 
 
 def test_the_side_titles_name_each_model_only_where_the_sides_differ():
