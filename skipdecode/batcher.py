@@ -461,6 +461,8 @@ class _Continuous:
                 moved = self.slots.advance()
         except Exception as error:  # a failed step fails the requests of its rows, never the worker
             _fail([r.owner for r in self.slots.rows], error)
+            for row in self.slots.rows:  # and ends them (a row waiting to follow one of them leaves too)
+                row.cancelled = True
             self.slots = Slots(self.engine, self.slots.max_rows)
             return bool(self.waiting)
         self.info = dataclasses.replace(self.info, size=max(self.info.size, len(self.slots.rows)))

@@ -223,8 +223,9 @@ class Slots:
             if self._prefill_chunk(row, budget):
                 moved.append(row)
             budget -= row.prefilled - before
-        for row in self.rows:
-            if row.leader is not None and row.leader.cancelled:
+        for row in self.rows:  # a follower leaves with its leader, and never waits on one that is not here to finish
+            leader = row.leader
+            if leader is not None and (leader.cancelled or not (leader.finished or leader in self.rows)):
                 row.cancelled = True
         decoding = [r for r in self.rows if r.next_input() is not None]
         if decoding:

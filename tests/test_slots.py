@@ -185,6 +185,11 @@ def test_a_row_following_a_decoding_row_keeps_the_states_scoring_its_answer_as_i
     cancelled.cancelled = True
     slots.advance()
     assert stays.cancelled  # a follower leaves with its leader
+    slots.drop_finished()
+    elsewhere = Row(prompt, Schedule.full(L), NEW, stop_at_eos=False)  # a leader this batch never held (a failed step's)
+    orphan = slots.add(Row(prompt, Schedule.full(L), NEW, states_from=len(prompt) - 1, leader=elsewhere))
+    slots.advance()
+    assert orphan.cancelled and slots.drop_finished() == [orphan]  # it left instead of waiting for ever
 
 
 def test_the_batcher_runs_a_following_job_beside_its_leader_and_refuses_one_that_cannot_follow(engine):
