@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,15 +161,19 @@ def check(outcomes: list[Outcome], max_new_tokens: int) -> tuple[list[str], str]
 
 
 def batches(outcomes: list[Outcome], side: str) -> dict:
-    """How many requests ran in each batch, from what the answers say."""
-    sizes = {}
+    """How many requests ran in each batch, and the most rows a step of it held, from what the answers say (a
+    continuous batch keeps its number while requests join and leave it; a batch of one position holds its
+    requests' rows from start to end)."""
+    requests, rows = Counter(), Counter()
     for o in outcomes:
         if o.result:
             batch = o.result[side]["batch"]
-            sizes[batch["number"]] = batch["size"]
-    counts = sorted(sizes.values(), reverse=True)
+            requests[batch["number"]] += 1
+            rows[batch["number"]] = max(rows[batch["number"]], batch["size"])
+    counts = sorted(requests.values(), reverse=True)
     return {"batches": len(counts), "requests": sum(counts), "sizes": counts,
-            "mean_per_batch": round(sum(counts) / len(counts), 2) if counts else None}
+            "mean_per_batch": round(sum(counts) / len(counts), 2) if counts else None,
+            "most_rows_a_step": max(rows.values(), default=None)}
 
 
 def latency(outcomes: list[Outcome]) -> dict:
@@ -447,10 +452,9 @@ def report(result: dict) -> None:
         print(f"  weights: {result['weights']}")
         print(f"  latency p50 {lat.get('p50_s')} s, p95 {lat.get('p95_s')} s, max {lat.get('max_s')} s; "
               f"{result['requests_per_s']} requests/s over {result['wall_s']} s")
-        print(f"  SkipDecode: {sb['requests']} requests in {sb['batches']} batches (mean {sb['mean_per_batch']} per "
-              f"batch; sizes {sb['sizes']})")
-        print(f"  full decoding: {fb['requests']} requests in {fb['batches']} batches (mean {fb['mean_per_batch']} "
-              f"per batch; sizes {fb['sizes']})")
+        for name, b in (("SkipDecode", sb), ("full decoding", fb)):
+            print(f"  {name}: {b['requests']} requests in {b['batches']} batches (requests per batch {b['sizes']}; "
+                  f"at most {b['most_rows_a_step']} rows a step)")
         for problem in result["problems"]:
             print("  PROBLEM:", problem)
     else:
