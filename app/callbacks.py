@@ -19,10 +19,11 @@ from skipdecode.evaluation.bench.figure import speed_figure
 from skipdecode.schedule import max_speedup
 
 from . import plots, replay, verified, views
-from .results import NOTES, for_people, load_table
 from .choices import AUTO
+from .results import NOTES, for_people, load_table
 from .settings import Settings, shown
 from .studio import Studio
+
 # While a comparison streams, its text updates at most every TEXT_EVERY_S and its plots are drawn when it
 # ends. Each update is HTML the server builds and a browser on the same machine renders while the batcher
 # times the decode steps; redrawing the three plots as tokens came in made the page's measured speedup read

@@ -119,6 +119,7 @@ def preload(studio) -> None:
     is logged and left out, as on a CPU: the studio answers its requests with the same error."""
     from .choices import AUTO
     from .studio import log
+
     for choice in studio.models:
         if choice.label != AUTO:
             try:

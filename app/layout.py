@@ -18,6 +18,7 @@ from .gpu import gpu_callbacks, zero_gpu
 from .lesson import GPU_CALLBACKS as LESSON_GPU_CALLBACKS
 from .lesson import PLAY, PLAY_EVERY_S, Lesson
 from .studio import Studio
+
 JS = keys.JS
 CONCURRENCY = 32  # requests in flight at once; they wait on the batcher, which batches them
 HEADER = ("<h1>SkipDecode Studio</h1><p>A language model answers twice, once skipping most of its layers and once "

@@ -20,6 +20,7 @@ from .callbacks import DRAWN, for_the_user, refused, user_errors
 from .callbacks import drawn as drawn_view
 from .gpu import zero_gpu
 from .studio import Studio
+
 PLAY_EVERY_S = 0.7  # the step-through's pace when playing: one layer this often
 PLAY, PAUSE = "Play", "Pause"  # the Play button's label, stopped and while playing
 GPU_CALLBACKS = ("pick", "export")  # the handlers that run a model (app/gpu.py decorates them on ZeroGPU)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
 from .choices import AUTO
-
 from .settings import Settings, clean_prompt
 from .verified import FASTER, VERIFIED
 

@@ -14,6 +14,8 @@ import html
 from skipdecode.slots import serves
 
 from .choices import public_name
+
+
 def _products(engine) -> tuple[str, str | None]:
     """(how the 4-bit products run, a warning when the fast kernel was wanted and is not running)."""
     weights = getattr(engine.decoder, "weights", None)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from skipdecode.schedule import Schedule  # a dataclass: pydantic checks its fields, then its own __post_init__
 
 from .settings import Settings
+
 FORMAT = "skipdecode-studio-trace/1"
 MAX_BYTES = 20_000_000  # a replayed file larger than this is refused before it is read
 MAX_LAYERS = 1024  # the page draws a row per layer: a larger model is not one this app runs

@@ -164,6 +164,7 @@ def make_lesson(path: Path = LESSON_FILE) -> dict:
     greedy, on the precision a visitor's CPU gets, the layer view of every position included."""
     from .choices import AUTO
     from .studio import Studio
+
     studio = Studio()
     try:
         settings = Settings(speedup=3.0, max_new_tokens=24)

@@ -15,8 +15,9 @@ from skipdecode.evaluation.quality import common_prefix
 from skipdecode.schedule import SPREAD, Schedule, for_speedup
 
 from . import plots, rounds, timing
-from .results import BROKEN, LOOPING
 from .comparison import BatchRun, Comparison, TIMING_NOTE
+from .results import BROKEN, LOOPING
+
 EMPTY_OUTPUT = '<div class="sd-output sd-empty">The output appears here, token by token.</div>'
 
 

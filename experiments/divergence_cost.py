@@ -38,6 +38,7 @@ def main() -> int:
     from app.choices import AUTO
     from app.settings import Settings
     from app.studio import Studio
+
     studio = Studio()
     studio.warm_up()
     model = AUTO if AUTO in studio.labels else studio.labels[0]

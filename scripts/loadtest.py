@@ -94,6 +94,7 @@ def chat_prompts(count: int) -> list[str]:
 def base_label() -> str:
     """The served base model by its label (requests name it, so "auto" and any adapter never apply)."""
     from app.choices import base_model, public_name
+
     return f"{public_name(base_model())} (base)"
 
 
@@ -261,13 +262,13 @@ def classroom(args) -> dict:
     their own (a comparison, the page's default model choice), after `solo` visitors one at a time. Each
     batching mode against a fresh app; every answer checked against its prompt decoded alone."""
     from app.choices import AUTO
+
     texts = chat_prompts(args.visitors + args.solo)
     settings = dict(speedup=args.speedup, max_new_tokens=args.class_tokens, model=AUTO)
     runs = {}
     for mode in (["positions", "continuous"] if args.batching == "both" else [args.batching]):
         server = start(f"loadtest-class-{mode}", args=("--batching", mode))
         try:
-
             solo = [ask(client(server.url), Outcome(-1, k, texts[args.visitors + k], settings), args)
                     for k in range(args.solo)]
             clients = [client(server.url) for _ in range(args.visitors)]
@@ -396,6 +397,7 @@ def models(args) -> dict:
     try:
         visitor = client(server.url)
         from app.choices import configured_models
+
         choices = [m.label for m in configured_models()]
         pick = random.Random(0)
         plan = [(label, 3.0) for _ in range(2) for label in choices]

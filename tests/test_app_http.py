@@ -163,9 +163,7 @@ def test_the_model_list_is_fixed_at_start_and_auto_picks_the_adapter_for_the_spe
     import json
 
     from app.choices import AUTO, configured_models
-
     from app.settings import Settings
-
     from app.studio import Studio
     from skipdecode.batcher import Batcher
 

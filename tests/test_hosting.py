@@ -194,6 +194,7 @@ def test_the_app_on_zero_gpu_loads_the_models_and_decodes_nothing_in_the_server(
 
 def test_preload_loads_every_configured_model_but_auto(caplog):
     from app.choices import AUTO, ModelChoice
+
     loaded = []
 
     def engine(choice):

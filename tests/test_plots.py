@@ -45,6 +45,7 @@ def test_a_flat_budget_is_drawn_beside_the_papers_decay_and_says_why_it_is_flat(
     decaying run, one set by hand and the base model get neither."""
     from app.comparison import Comparison
     from app.settings import Settings
+
     flat = Schedule(30, max_budget=10, min_budget=10, warmup=2, horizon=32)
     run = Comparison("p", "e2e-all (fine-tuned for 2x, 3x, 5x)", "e2e-1x (fine-tuned for 1x)", 30, flat, 48)
     decay = views.paper_decay(run)
@@ -420,6 +421,7 @@ def test_a_row_is_served_only_where_auto_runs_that_adapter_at_that_speedup(tmp_p
 def test_the_quality_panel_says_what_it_compares_against():
     """The panel names the full-decoding model and its depth; the E2E note shows only without references."""
     from app.comparison import Comparison
+
     comparison = Comparison("Why is the sky blue?", "general-3x", "SmolLM2-135M-Instruct", 30, SCHEDULE, 8,
                             quality={"skipdecode_vs_full": {"bleu": 40.0, "rouge_l": 55.0},
                                      "token_agreement": {"agreement": 0.5, "prefix": 3},
@@ -554,6 +556,7 @@ def test_the_batch_tab_speaks_to_people_without_internal_batch_numbers():
     """The Batch tab's status, outputs and throughput table: models named plainly, prompts numbered from 1,
     columns with units, and no batch number the batcher keeps for itself."""
     from app.comparison import BatchRun
+
     done = finished([5.0] * 4, [10.0] * 4, (2.0, 1.8))
     run = BatchRun(["a", "b"], SCHEDULE, L, ("e2e-all (fine-tuned for 2x, 3x, 5x)", "e2e-1x (fine-tuned for 1x)"),
                    ("e2e-all: an E2E meaning representation at 3x", "e2e-1x: an E2E meaning representation at 1x"),

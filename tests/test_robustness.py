@@ -150,6 +150,7 @@ def callbacks(engine):
     from app.callbacks import Callbacks
     from app.choices import ModelChoice
     from app.studio import Studio, weights_per_token
+
     studio = Studio([ModelChoice(f"{BASE} (base)", BASE)], batcher=Batcher(window_s=0.0))
     label = studio.base.label  # the session's engine, instead of loading the same model again
     studio._engines[label], studio._costs[label] = engine, weights_per_token(engine)
@@ -213,6 +214,7 @@ def test_error_messages_are_cut_escaped_and_free_of_paths(callbacks):
 def test_an_unreadable_adapter_folder_is_left_out_and_never_breaks_auto(tmp_path, monkeypatch, caplog):
     from app.choices import AUTO, configured_models
     from app.studio import Studio
+
     for name, meta in (("good", {"base_model": BASE, "speedups": [3]}), ("half-written", '{"base_model": "Smo'),
                        ("no-speedups", {"base_model": BASE})):
         (tmp_path / name).mkdir()

@@ -132,6 +132,7 @@ def test_the_page_starts_at_the_highest_speedup_both_kinds_of_prompt_have_an_ada
     the page shows; with no speedup shared, the page starts at 3x."""
     from app.choices import configured_models
     from app.studio import Studio
+
     def start():
         return Studio(configured_models(), batcher=object()).default_speedup  # nothing decodes here
 

@@ -402,6 +402,7 @@ def test_the_lessons_file_was_recorded_on_todays_engine(teach):
 
     from app import replay
     from app.choices import AUTO
+
     lesson = replay.read(replay.LESSON_FILE)
     settings = lesson["settings"]
     client = Client(app_url(**SERVER), verbose=False)
